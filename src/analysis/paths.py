@@ -1,0 +1,39 @@
+"""Paths of the project, resolved from the repository root (never from the working directory)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def repo_root() -> Path:
+    """The repository root: the `PREFIX_CACHE_LAB_ROOT` variable, else the folder above `src/`."""
+    env = os.environ.get("PREFIX_CACHE_LAB_ROOT")
+    if env:
+        return Path(env).resolve()
+    return Path(__file__).resolve().parents[2]
+
+
+def data_dir() -> Path:
+    return repo_root() / "data"
+
+
+def traces_dir() -> Path:
+    return data_dir() / "traces"
+
+
+def results_dir() -> Path:
+    return data_dir() / "results"
+
+
+def cache_dir() -> Path:
+    """Generated artefacts worth keeping between runs (the tiny local model, ...)."""
+    return data_dir() / "cache"
+
+
+def figures_dir() -> Path:
+    return repo_root() / "figures"
+
+
+def reports_dir() -> Path:
+    return repo_root() / "reports"
