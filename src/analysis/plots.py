@@ -1,0 +1,91 @@
+"""One figure style for the project, and saving figures under stable names with a caption.
+
+Every figure goes to `figures/<name>.png` and `.svg`, and its caption (one sentence) into the
+table of `figures/README.md`, so the folder documents itself.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import seaborn as sns
+from matplotlib.figure import Figure
+from matplotlib.ticker import PercentFormatter
+
+from analysis.manifest import atomic_path
+from analysis.paths import figures_dir
+
+# The words of design.md, one colour each, everywhere.
+RATE_COLORS = {
+    "all-prefill": "#d62728",
+    "first-prefill": "#1f77b4",
+    "exported": "#17becf",
+    "ideal": "#2ca02c",
+    "lru": "#ff7f0e",
+    "optimal": "#9467bd",
+    "token-level": "#8c564b",
+}
+TRACE_COLORS = {"single_turn": "#7f7f7f", "multi_turn": "#1f77b4"}
+TRACE_LABELS = {"single_turn": "single-turn", "multi_turn": "multi-turn"}
+
+README_HEADER = """# Figures
+
+Written by the notebooks (`make report`); each PNG has an SVG twin. One line per figure:
+
+| figure | what it shows |
+| --- | --- |
+"""
+
+
+def use_style() -> None:
+    """The project style: seaborn's whitegrid, readable sizes, deterministic SVG output."""
+    sns.set_theme(context="notebook", style="whitegrid", palette="colorblind")
+    plt.rcParams.update(
+        {
+            "figure.figsize": (7.5, 4.5),
+            "figure.dpi": 100,
+            "savefig.dpi": 150,
+            "savefig.bbox": "tight",
+            "axes.titlesize": 12,
+            "axes.titleweight": "bold",
+            "legend.frameon": False,
+            "svg.hashsalt": "prefix-cache-lab",
+            "svg.fonttype": "none",
+        }
+    )
+
+
+def percent_axis(ax, axis: str = "y", decimals: int = 0) -> None:
+    """Show a 0-1 rate axis as percentages."""
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    target.set_major_formatter(PercentFormatter(1.0, decimals=decimals))
+
+
+def save_figure(fig: Figure, name: str, caption: str, folder: Path | None = None) -> Path:
+    """Save `fig` as PNG and SVG under a stable name and record its caption in the README."""
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", name):
+        raise ValueError(f"figure name {name!r}: use lower-case letters, digits, '-' and '_'")
+    folder = Path(folder) if folder else figures_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    for suffix, metadata in ((".png", {"Software": None}), (".svg", {"Date": None})):
+        with atomic_path(folder / f"{name}{suffix}") as tmp:
+            fig.savefig(tmp, format=suffix[1:], metadata=metadata)
+    _record_caption(folder / "README.md", name, caption)
+    return folder / f"{name}.png"
+
+
+def _record_caption(readme: Path, name: str, caption: str) -> None:
+    rows = _read_captions(readme)
+    rows[name] = " ".join(caption.split()).replace("|", "/")
+    body = "".join(f"| [{n}]({n}.png) | {rows[n]} |\n" for n in sorted(rows))
+    with atomic_path(readme) as tmp:
+        tmp.write_text(README_HEADER + body)
+
+
+def _read_captions(readme: Path) -> dict[str, str]:
+    if not readme.exists():
+        return {}
+    pattern = re.compile(r"^\| \[([a-z0-9_-]+)\]\([^)]*\) \| (.*) \|$")
+    return {m[1]: m[2] for line in readme.read_text().splitlines() if (m := pattern.match(line))}
