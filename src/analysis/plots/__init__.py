@@ -1,5 +1,8 @@
 """One figure style for the project, and saving figures under stable names with a caption.
 
+Topic modules beside this one (`plots.capacity`, `plots.bounds`, ...) draw the figures of one
+notebook each from result tables; this module holds what they share.
+
 Every figure goes to `figures/<name>.png` and `.svg`, and its caption (one sentence) into the
 table of `figures/README.md`, so the folder documents itself.
 """
