@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from analysis.paths import figures_dir, reports_dir, repo_root
+from analysis.paths import figures_dir, repo_root, reports_dir
 
 NOTEBOOKS_DIR = "notebooks"
 # The per-configuration notebook: executed by the sweep, once per grid point.

@@ -1,0 +1,96 @@
+"""`python -m analysis traces`: build the multi- and single-turn traces under data/traces/.
+
+A build whose manifest records the same request (data file, parameters, tokenizer, template) is
+not redone unless --force is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--source",
+        choices=("package", "hub", "file"),
+        default="package",
+        help="ShareGPT source: the offline package (default), the hub, or a local file (--path)",
+    )
+    parser.add_argument("--path", help="the ShareGPT JSON/JSONL file for --source file")
+    parser.add_argument(
+        "--max-conversations", type=int, help="the first N conversations only (default: all)"
+    )
+    parser.add_argument(
+        "--min-turns", type=int, default=1, help="leave out conversations with fewer user turns"
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=8192,
+        help="longest request accepted; prompts must be shorter (default 8192)",
+    )
+    parser.add_argument(
+        "--policy",
+        choices=("exclude", "truncate"),
+        default="exclude",
+        help="the first turn of a conversation that does not fit: dropped (default) or cut",
+    )
+    parser.add_argument(
+        "--single-turn",
+        choices=("first", "sampled"),
+        default="first",
+        help="single-turn requests: first turns (default) or one random turn without history",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        help="a tokenizer.json file or folder, or a hub model id (default: packaged Llama 3.2)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of --single-turn sampled")
+    parser.add_argument("--out", type=Path, help="output folder (default: data/traces)")
+    parser.add_argument("--jsonl", action="store_true", help="also export the seeds' JSONL format")
+    parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def main(args: argparse.Namespace) -> int:
+    from analysis.cli import CommandError
+    from analysis.paths import traces_dir
+    from analysis.traces import TraceOptions, ensure_traces
+
+    try:
+        options = TraceOptions(
+            max_model_len=args.max_model_len,
+            policy=args.policy,
+            single_turn=args.single_turn,
+            seed=args.seed,
+            min_turns=args.min_turns,
+            max_conversations=args.max_conversations,
+            tokenizer=args.tokenizer,
+        )
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    build = ensure_traces(
+        options,
+        args.source,
+        args.path,
+        args.out,
+        jsonl=args.jsonl,
+        force=args.force,
+        progress=not args.no_progress,
+    )
+    if not build.built:
+        out = args.out or traces_dir()
+        print(f"traces in {out} are up to date (same data, parameters and tokenizer); --force")
+        print(build.summary())
+        return 0
+    print(build.load_report.summary())
+    print(build.summary())
+    seconds = build.manifest["seconds"]
+    print(
+        f"built in {seconds['total']:.1f} s (tokenize {seconds['tokenize']:.1f} s, "
+        f"assemble {seconds['assemble']:.1f} s) after loading in {build.load_report.seconds:.1f} s"
+    )
+    for name, path in build.paths.items():
+        print(f"  {name}: {path}")
+    return 0
