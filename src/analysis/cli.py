@@ -21,19 +21,23 @@ class CommandError(Exception):
     """A user-facing failure: printed as one line, exit status 2, no traceback."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; only `command`'s module is imported (all are listed in `--help`)."""
     parser = argparse.ArgumentParser(prog="python -m analysis", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
-        module = importlib.import_module(f"analysis.commands.{module_name}")
         command_parser = sub.add_parser(name, help=help_text, description=help_text)
-        module.configure(command_parser)
-        command_parser.set_defaults(handler=module.main)
+        if name == command:
+            module = importlib.import_module(f"analysis.commands.{module_name}")
+            module.configure(command_parser)
+            command_parser.set_defaults(handler=module.main)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(command).parse_args(argv)
     try:
         return int(args.handler(args) or 0)
     except CommandError as exc:

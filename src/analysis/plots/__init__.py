@@ -66,7 +66,7 @@ def percent_axis(ax, axis: str = "y", decimals: int = 0) -> None:
     target.set_major_formatter(PercentFormatter(1.0, decimals=decimals))
 
 
-def save_figure(fig: Figure, name: str, caption: str, folder: Path | None = None) -> Path:
+def save_figure(fig: Figure, name: str, caption: str, folder: Path | None = None) -> None:
     """Save `fig` as PNG and SVG under a stable name and record its caption in the README."""
     if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", name):
         raise ValueError(f"figure name {name!r}: use lower-case letters, digits, '-' and '_'")
@@ -76,7 +76,6 @@ def save_figure(fig: Figure, name: str, caption: str, folder: Path | None = None
         with atomic_path(folder / f"{name}{suffix}") as tmp:
             fig.savefig(tmp, format=suffix[1:], metadata=metadata)
     _record_caption(folder / "README.md", name, caption)
-    return folder / f"{name}.png"
 
 
 def _record_caption(readme: Path, name: str, caption: str) -> None:
