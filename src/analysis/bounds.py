@@ -486,10 +486,16 @@ def reuse_distances(
 # Capacity curves
 
 
-def default_capacities(index: TraceIndex, block_size: int, count: int = 10) -> list[int]:
-    """`count` capacities, geometric, up to the number of distinct blocks (where LRU = ideal)."""
+def default_capacities(
+    index: TraceIndex, block_size: int, count: int = 10, low: int | None = None
+) -> list[int]:
+    """`count` capacities, geometric, up to the number of distinct blocks (where LRU = ideal).
+
+    `low` (default 1/1000 of the distinct blocks) is the smallest; in trace order the curves
+    rise where a cache holds about one request, tens of blocks, whatever the trace's length.
+    """
     distinct = max(index.block_keys(block_size).num_keys, 1)
-    low = max(1, distinct // 1000)
+    low = max(1, distinct // 1000) if low is None else min(max(1, int(low)), distinct)
     points = np.unique(np.round(np.geomspace(low, distinct, count)).astype(np.int64))
     return [int(p) for p in points]
 

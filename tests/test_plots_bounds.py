@@ -1,0 +1,144 @@
+"""The figures of notebook 07 draw and save from a tiny synthetic trace, and their helpers keep
+only comparable engine points and read the right capacity off the LRU curve."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis import bounds, plots
+from analysis.plots import bounds as bounds_plots
+
+BLOCK = 4
+
+
+def tiny_trace(first_id: int) -> pd.DataFrame:
+    """Three conversations of two turns; turn 1's prompt extends turn 0's prompt and reply."""
+    rows = []
+    for c in range(3):
+        prompt = list(range(first_id + 100 * c, first_id + 100 * c + 9))
+        reply = [first_id + 100 * c + 50 + k for k in range(5)]
+        follow = prompt + reply + [7, 7, 7, 7, 7, 7]
+        for turn, (p, r) in enumerate(((prompt, reply), (follow, [1, 2, 3]))):
+            rows.append(
+                {
+                    "request_id": f"c{c}/{turn}",
+                    "conversation_id": f"c{c}",
+                    "turn_index": turn,
+                    "prompt_ids": np.array(p, np.int32),
+                    "response_ids": np.array(r, np.int32),
+                }
+            )
+    rows.append(dict(rows[0], request_id="dup/0", conversation_id="dup"))  # a repeated prompt
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture(scope="module")
+def indexes():
+    return {
+        "single_turn": bounds.index_trace(tiny_trace(1000).query("turn_index == 0")),
+        "multi_turn": bounds.index_trace(tiny_trace(5000), include_outputs=True),
+    }
+
+
+def saved(tmp_path, name: str) -> bool:
+    return all((tmp_path / f"{name}{suffix}").stat().st_size > 0 for suffix in (".png", ".svg"))
+
+
+def test_capacity_figure_with_engine_points(tmp_path, indexes):
+    curves = pd.concat(
+        [
+            bounds.capacity_curves(index, BLOCK, [1, 2, 4, 8], ["lru", "opt"]).assign(trace=name)
+            for name, index in indexes.items()
+        ]
+    )
+    ideal = {name: bounds.ideal_hit_rate(index, BLOCK) for name, index in indexes.items()}
+    engine = pd.DataFrame(
+        {
+            "trace": ["multi_turn", "multi_turn", "single_turn"],
+            "engine": ["replay"] * 3,
+            "num_blocks": [3, 9, 3],
+            "first_prefill_rate": [0.01, ideal["multi_turn"], 0.0],
+            "all_prefill_rate": [0.2, ideal["multi_turn"], 0.9],  # 0.9: off the scale
+        }
+    )
+    plots.use_style()
+    fig = bounds_plots.capacity_curves_figure(curves, ideal, BLOCK, engine)
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert "90%" in texts  # the single-turn all-prefill point is pinned and labelled
+    assert fig.axes[0].get_ylim()[1] < 0.9
+    plots.save_figure(fig, "bounds-capacity-curves", "Capacity curves.", folder=tmp_path)
+    plt.close(fig)
+    assert saved(tmp_path, "bounds-capacity-curves")
+    assert "Capacity curves." in (tmp_path / "README.md").read_text()
+
+
+def test_reuse_and_granularity_figures(tmp_path, indexes):
+    distances = pd.concat(
+        [bounds.reuse_distances(i, BLOCK).assign(trace=n) for n, i in indexes.items()]
+    )
+    reuse = pd.concat(
+        [bounds.token_vs_block_reuse(i, (1, 2, 4)).assign(trace=n) for n, i in indexes.items()]
+    )
+    for name, fig in (
+        ("bounds-reuse-distance", bounds_plots.reuse_distance_figure(distances, BLOCK)),
+        ("bounds-token-vs-block-reuse", bounds_plots.token_vs_block_figure(reuse)),
+    ):
+        plots.save_figure(fig, name, f"{name}.", folder=tmp_path)
+        plt.close(fig)
+        assert saved(tmp_path, name)
+
+
+def test_comparable_engine_points_keeps_same_sample_block_and_outputs():
+    points = pd.DataFrame(
+        {
+            "trace": ["multi_turn", "data/traces/multi_turn.parquet", "multi_turn", "single_turn"],
+            "engine": ["replay"] * 4,
+            "block_size": [16, 16, 32, 16],
+            "num_blocks": [513, 1000, 257, 513],
+            "limit": [1000, 1000, 1000, 40],
+            "outputs": ["recorded"] * 4,
+            "max_output_tokens": [None, None, None, 16],
+            "first_prefill_rate": [0.1, 0.5, 0.2, 0.0],
+            "all_prefill_rate": [0.3, 0.5, 0.2, 0.0],
+        }
+    )
+    chosen, note = bounds_plots.comparable_engine_points(
+        points, block_size=16, limit=1000, include_outputs=True
+    )
+    assert chosen["num_blocks"].tolist() == [513, 1000]
+    assert set(chosen["trace"]) == {"multi_turn"}
+    assert note.startswith("2 sweep points overlaid (2 others")
+    empty, note = bounds_plots.comparable_engine_points(
+        None, block_size=16, limit=1000, include_outputs=True
+    )
+    assert empty.empty and "make sweep" in note
+    prompts_only, _ = bounds_plots.comparable_engine_points(
+        points, block_size=16, limit=1000, include_outputs=False
+    )
+    assert prompts_only.empty  # the sweep cached replies; prompt-only bounds do not compare
+
+
+def test_summary_capacity_is_where_lru_reaches_the_share(indexes):
+    index = indexes["multi_turn"]
+    row = bounds_plots.bounds_summary(index, BLOCK, share=0.9)
+    ideal = bounds.ideal_bound(index, BLOCK)
+    assert row["ideal_%"] == pytest.approx(100 * ideal.hit_rate)
+    assert row["later_turns_%"] > 0
+    needed = row["lru_90%_blocks"]
+    hits = bounds.lru_hit_blocks(index, BLOCK, [needed - 1, needed]) * BLOCK
+    assert hits[1] >= 0.9 * ideal.hit_tokens > hits[0]
+
+
+def test_default_capacities_low_end(indexes):
+    index = indexes["multi_turn"]
+    distinct = index.block_keys(BLOCK).num_keys
+    sizes = bounds.default_capacities(index, BLOCK, 5, low=2)
+    assert sizes[0] == 2 and sizes[-1] == distinct
+    assert bounds.default_capacities(index, BLOCK, 5, low=10**6) == [distinct]
