@@ -64,9 +64,26 @@ nbval: setup ## re-execute the committed notebooks and compare their outputs
 bench: setup ## time the heavy paths and print ratios measured in one run
 	$(PY) bench/run.py
 
+GRID ?= default
+RUNS := reports/runs/$(GRID)
+
+.PHONY: sweep
+sweep: traces ## run the points of configs/GRID.toml not yet done (GRID=default; make -j works)
+	@$(MAKE) --no-print-directory sweep-points \
+	  POINTS="$$($(PY) -m analysis sweep --grid $(GRID) --list --pending)"
+
+.PHONY: sweep-points
+sweep-points: $(foreach p,$(POINTS),$(RUNS)/$(p).ipynb)
+
+$(RUNS)/%.ipynb: FORCE
+	$(PY) -m analysis sweep --grid $(GRID) --point $*
+
 .PHONY: report
-report: setup ## re-execute every notebook on the default (CPU, offline) grid; figures + HTML
+report: sweep ## build traces, run the sweep, re-execute every notebook; figures + HTML report
 	$(PY) -m analysis report
+
+.PHONY: FORCE
+FORCE:
 
 .PHONY: clean
 clean: ## remove generated data, reports and caches (keeps .venv)

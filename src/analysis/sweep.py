@@ -1,0 +1,231 @@
+"""Sweep grids (`configs/*.toml`): the points of a grid, and running the ones not done yet.
+
+A grid is a list of series; each series is a cross product of traces, engines, block sizes
+and numbers of blocks over a base of `RunConfig` fields. `make report` runs every point once
+(papermill executes `notebooks/03-run-config.ipynb` per point, `make -j` runs points in
+parallel); the explanatory notebooks then read the results, running inline only the points
+that are still missing.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.paths import repo_root, reports_dir
+
+CONFIGS_DIR = "configs"
+SERIES_KEYS = {"name", "traces", "engines", "block_sizes", "num_blocks"}
+
+
+class GridError(ValueError):
+    """A grid file that cannot be read or expanded; one line saying what to fix."""
+
+
+@dataclass(frozen=True)
+class Point:
+    """One configuration of a grid, and the series it belongs to."""
+
+    series: str
+    config: Any  # analysis.engines.RunConfig
+
+    @property
+    def point_id(self) -> str:
+        c = self.config
+        return f"{self.series}-{Path(c.trace).stem}-{c.engine}-b{c.block_size}-n{c.num_blocks}"
+
+
+def grid_path(name_or_path: str | Path) -> Path:
+    """`default` -> configs/default.toml; a path is taken as it is."""
+    path = Path(name_or_path)
+    if path.suffix != ".toml":
+        path = repo_root() / CONFIGS_DIR / f"{name_or_path}.toml"
+    if not path.exists():
+        known = ", ".join(sorted(p.stem for p in (repo_root() / CONFIGS_DIR).glob("*.toml")))
+        raise GridError(f"no grid {name_or_path!r}: choose one of {known} or give a .toml path")
+    return path
+
+
+def load_grid(name_or_path: str | Path) -> dict[str, Any]:
+    path = grid_path(name_or_path)
+    try:
+        grid = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise GridError(f"{path}: not valid TOML ({exc})") from exc
+    if not grid.get("series"):
+        raise GridError(f"{path}: no [[series]] table")
+    return grid
+
+
+def grid_points(name_or_path: str | Path, block_budget=None) -> list[Point]:
+    """Every point of a grid, in file order. `block_budget(config)` sizes "log:N" series
+    (default: `no_pressure_blocks`, which reads the trace)."""
+    from analysis.engines import RunConfig
+
+    grid = load_grid(name_or_path)
+    base = dict(grid.get("base", {}))
+    budget = block_budget or no_pressure_blocks
+    points = []
+    for series in grid["series"]:
+        missing = SERIES_KEYS - set(series)
+        if missing:
+            raise GridError(f"series {series.get('name')!r} lacks {', '.join(sorted(missing))}")
+        fields_ = base | {k: v for k, v in series.items() if k not in SERIES_KEYS}
+        for trace in series["traces"]:
+            for engine in series["engines"]:
+                for block_size in series["block_sizes"]:
+                    proto = RunConfig.from_dict(
+                        fields_ | {"trace": trace, "engine": engine, "block_size": block_size}
+                    )
+                    for num_blocks in _block_counts(series["num_blocks"], proto, budget):
+                        points.append(Point(series["name"], proto.with_(num_blocks=num_blocks)))
+    return points
+
+
+def _block_counts(spec: str | list[int], proto, budget) -> list[int]:
+    if isinstance(spec, list):
+        return [int(n) for n in spec]
+    if not (isinstance(spec, str) and spec.startswith("log:")):
+        raise GridError(f"num_blocks must be a list or 'log:N', got {spec!r}")
+    return log_spaced_blocks(proto.min_num_blocks, budget(proto), int(spec[4:]))
+
+
+def log_spaced_blocks(low: int, high: int, count: int) -> list[int]:
+    """`count` block counts from `low` to `high`, evenly spaced on a log axis, rounded to 2
+    significant digits (the ends kept exact), so that axis labels read well."""
+    if high <= low or count < 2:
+        return [low]
+    raw = np.geomspace(low, high, count)
+    counts = [low] + [_round_sig(x) for x in raw[1:-1]] + [high]
+    return sorted(set(counts))
+
+
+def _round_sig(x: float, digits: int = 2) -> int:
+    scale = 10 ** (math.floor(math.log10(x)) - digits + 1)
+    return int(round(x / scale) * scale)
+
+
+def no_pressure_blocks(config) -> int:
+    """Blocks that hold every token of the sample at once (prompts and replies, no sharing
+    assumed): with that many, nothing is ever evicted or preempted."""
+    from analysis.engines.workload import limit_trace
+    from analysis.traces import load_trace
+
+    trace = limit_trace(load_trace(resolve_trace(config.trace)), config.limit)
+    replies = trace["response_tokens"]
+    if config.max_output_tokens is not None:
+        replies = replies.clip(upper=config.max_output_tokens)
+    tokens = (trace["prompt_tokens"] + replies).to_numpy()
+    return int(np.ceil(tokens / config.block_size).sum()) + 1
+
+
+def resolve_trace(trace: str) -> Path:
+    from analysis.paths import traces_dir
+
+    path = Path(trace)
+    return path if path.suffix == ".parquet" else traces_dir() / f"{trace}.parquet"
+
+
+def points_frame(points: Iterable[Point]) -> pd.DataFrame:
+    """The points as a table (one row each), for listing and for joining with results."""
+    return pd.DataFrame(
+        [{"point_id": p.point_id, "series": p.series} | p.config.to_dict() for p in points]
+    )
+
+
+def find_point(points: list[Point], point_id: str) -> Point:
+    for point in points:
+        if point.point_id == point_id:
+            return point
+    raise GridError(f"no point {point_id!r} in this grid: list them with --list")
+
+
+def result_folder(point: Point) -> Path:
+    from analysis.engines.runner import config_id_for
+    from analysis.paths import results_dir
+
+    return results_dir() / config_id_for(point.config)
+
+
+def run_point(point: Point, *, force: bool = False, progress: bool | None = False) -> Path:
+    """Run one point inline unless its result is complete; the result folder either way."""
+    from analysis.engines import run_and_write
+
+    folder, _ = run_and_write(point.config, force=force, progress=progress)
+    return folder
+
+
+def run_point_notebook(point: Point, grid: str | Path, *, force: bool = False) -> Path:
+    """Run one point through `notebooks/03-run-config.ipynb` (papermill, parameters injected);
+    the executed copy goes to reports/runs/<grid>/<point>.ipynb."""
+    from analysis.report import RUN_CONFIG_NOTEBOOK, execute, notebooks_dir
+
+    output = reports_dir() / "runs" / Path(grid).stem / f"{point.point_id}.ipynb"
+    parameters = point.config.to_dict() | {"force": force}
+    execute(notebooks_dir() / RUN_CONFIG_NOTEBOOK, output, parameters, progress=False)
+    return output
+
+
+def ensure_grid(name_or_path: str | Path, *, progress: bool = True) -> list[Point]:
+    """Run, inline, every point of the grid whose result is missing (finished ones are kept)."""
+    from tqdm.auto import tqdm
+
+    points = grid_points(name_or_path)
+    missing = [p for p in points if not is_done(p)]
+    for point in tqdm(missing, desc="sweep points", unit="point", disable=not progress):
+        run_point(point)
+    return points
+
+
+def collect(name_or_path: str | Path, *, run_missing: bool = False) -> pd.DataFrame:
+    """One row per finished point of the grid: its configuration and headline numbers.
+
+    With `run_missing`, points without a result are run first (inline)."""
+    from analysis.manifest import read_json
+
+    points = ensure_grid(name_or_path) if run_missing else grid_points(name_or_path)
+    rows = []
+    for point in points:
+        folder = result_folder(point)
+        if not is_done(point, folder):
+            continue
+        summary = read_json(folder / "summary.json")
+        rows.append(
+            {"point_id": point.point_id, "series": point.series}
+            | point.config.to_dict()
+            | _headline(summary)
+        )
+    return pd.DataFrame(rows)
+
+
+def _headline(summary: dict[str, Any]) -> dict[str, Any]:
+    first, every = summary["first_prefill"], summary["all_prefill"]
+    return {
+        "requests": summary["requests_finished"],
+        "requests_skipped": summary["requests_skipped"],
+        "first_prefill_hits": first["hits"],
+        "first_prefill_queries": first["queries"],
+        "first_prefill_rate": first["rate"],
+        "all_prefill_hits": every["hits"],
+        "all_prefill_queries": every["queries"],
+        "all_prefill_rate": every["rate"],
+        "exported_rate": summary["exported"]["rate"],
+        "preemptions": summary["preemptions"],
+        "readmissions": summary["readmissions"],
+        "recompute_share": summary["recompute_share"],
+        "prompt_tokens": summary["prompt_tokens"],
+        "output_tokens": summary["output_tokens"],
+    }
+
+
+def is_done(point: Point, folder: Path | None = None) -> bool:
+    from analysis.engines import is_complete
+
+    return is_complete(folder or result_folder(point))
