@@ -9,6 +9,8 @@ that are still missing.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 import tomllib
 from collections.abc import Iterable
@@ -23,6 +25,7 @@ from analysis.paths import repo_root, reports_dir
 
 CONFIGS_DIR = "configs"
 SERIES_KEYS = {"name", "traces", "engines", "block_sizes", "num_blocks"}
+DIMENSION_FIELDS = {"trace", "engine", "block_size", "num_blocks"}
 
 
 class GridError(ValueError):
@@ -31,15 +34,25 @@ class GridError(ValueError):
 
 @dataclass(frozen=True)
 class Point:
-    """One configuration of a grid, and the series it belongs to."""
+    """One configuration of a grid, the series it belongs to, and the extra fields the series
+    varies (beyond trace, engine, block size and number of blocks)."""
 
     series: str
     config: Any  # analysis.engines.RunConfig
+    varying: tuple[tuple[str, Any], ...] = ()
 
     @property
     def point_id(self) -> str:
         c = self.config
-        return f"{self.series}-{Path(c.trace).stem}-{c.engine}-b{c.block_size}-n{c.num_blocks}"
+        extra = "".join(f"-{_short(k)}{v}" for k, v in self.varying)
+        trace = Path(c.trace).stem
+        return f"{self.series}-{trace}-{c.engine}-b{c.block_size}-n{c.num_blocks}{extra}"
+
+
+def _short(field_name: str) -> str:
+    return {"concurrency": "c", "outputs": "", "mode": "", "max_output_tokens": "out"}.get(
+        field_name, field_name.replace("_", "")
+    )
 
 
 def grid_path(name_or_path: str | Path) -> Path:
@@ -65,7 +78,12 @@ def load_grid(name_or_path: str | Path) -> dict[str, Any]:
 
 
 def grid_points(name_or_path: str | Path, block_budget=None) -> list[Point]:
-    """Every point of a grid, in file order. `block_budget(config)` sizes "log:N" series
+    """Every point of a grid, in file order.
+
+    Each series crosses its traces, engines and block sizes, every other `RunConfig` field it
+    gives as a list (e.g. `concurrency = [1, 8, 64]`), and its numbers of blocks: a list,
+    "log:N" (N log-spaced counts from vLLM's minimum for max_model_len to no memory pressure)
+    or "max" (no memory pressure). `block_budget(config)` sizes "no memory pressure"
     (default: `no_pressure_blocks`, which reads the trace)."""
     from analysis.engines import RunConfig
 
@@ -78,22 +96,31 @@ def grid_points(name_or_path: str | Path, block_budget=None) -> list[Point]:
         if missing:
             raise GridError(f"series {series.get('name')!r} lacks {', '.join(sorted(missing))}")
         fields_ = base | {k: v for k, v in series.items() if k not in SERIES_KEYS}
-        for trace in series["traces"]:
-            for engine in series["engines"]:
-                for block_size in series["block_sizes"]:
-                    proto = RunConfig.from_dict(
-                        fields_ | {"trace": trace, "engine": engine, "block_size": block_size}
-                    )
-                    for num_blocks in _block_counts(series["num_blocks"], proto, budget):
-                        points.append(Point(series["name"], proto.with_(num_blocks=num_blocks)))
+        dims = {
+            "trace": series["traces"],
+            "engine": series["engines"],
+            "block_size": series["block_sizes"],
+        } | {k: v for k, v in fields_.items() if isinstance(v, list)}
+        for values in itertools.product(*dims.values()):
+            chosen = dict(zip(dims, values, strict=True))
+            try:
+                proto = RunConfig.from_dict(fields_ | chosen)
+            except TypeError as exc:
+                raise GridError(f"series {series['name']!r}: {exc}") from None
+            varying = tuple((k, v) for k, v in chosen.items() if k not in DIMENSION_FIELDS)
+            for num_blocks in _block_counts(series["num_blocks"], proto, budget):
+                config = proto.with_(num_blocks=num_blocks)
+                points.append(Point(series["name"], config, varying))
     return points
 
 
 def _block_counts(spec: str | list[int], proto, budget) -> list[int]:
     if isinstance(spec, list):
         return [int(n) for n in spec]
+    if spec == "max":
+        return [budget(proto)]
     if not (isinstance(spec, str) and spec.startswith("log:")):
-        raise GridError(f"num_blocks must be a list or 'log:N', got {spec!r}")
+        raise GridError(f"num_blocks must be a list, 'log:N' or 'max', got {spec!r}")
     return log_spaced_blocks(proto.min_num_blocks, budget(proto), int(spec[4:]))
 
 
@@ -115,15 +142,24 @@ def _round_sig(x: float, digits: int = 2) -> int:
 def no_pressure_blocks(config) -> int:
     """Blocks that hold every token of the sample at once (prompts and replies, no sharing
     assumed): with that many, nothing is ever evicted or preempted."""
+    path = resolve_trace(config.trace)
+    tokens = _sample_tokens(
+        str(path), path.stat().st_mtime_ns, config.limit, config.max_output_tokens
+    )
+    return int(np.ceil(tokens / config.block_size).sum()) + 1
+
+
+@functools.lru_cache(maxsize=16)
+def _sample_tokens(path: str, mtime_ns: int, limit: int | None, cap: int | None) -> np.ndarray:
+    """Prompt + reply tokens per request of a trace sample (cached: grids ask many times)."""
     from analysis.engines.workload import limit_trace
     from analysis.traces import load_trace
 
-    trace = limit_trace(load_trace(resolve_trace(config.trace)), config.limit)
+    trace = limit_trace(load_trace(path), limit)
     replies = trace["response_tokens"]
-    if config.max_output_tokens is not None:
-        replies = replies.clip(upper=config.max_output_tokens)
-    tokens = (trace["prompt_tokens"] + replies).to_numpy()
-    return int(np.ceil(tokens / config.block_size).sum()) + 1
+    if cap is not None:
+        replies = replies.clip(upper=cap)
+    return (trace["prompt_tokens"] + replies).to_numpy()
 
 
 def resolve_trace(trace: str) -> Path:
@@ -229,3 +265,36 @@ def is_done(point: Point, folder: Path | None = None) -> bool:
     from analysis.engines import is_complete
 
     return is_complete(folder or result_folder(point))
+
+
+def with_ideal(frame: pd.DataFrame) -> pd.DataFrame:
+    """Add `ideal_rate`: the infinite-cache hit rate of each row's sample and block size.
+
+    Replies count as cached when they are decoded as recorded (teacher forcing), as in the
+    engine; rows whose replies are capped or free-running get the prompts-only ideal (free
+    tokens never appear in a later prompt) or NaN (a cap is not modelled by the bound)."""
+    from analysis import bounds
+    from analysis.engines.workload import limit_trace
+    from analysis.traces import load_trace
+
+    frame = frame.copy()
+    frame["ideal_rate"] = np.nan
+    traces: dict[str, pd.DataFrame] = {}
+    keys = ["trace", "limit", "block_size", "outputs", "max_output_tokens"]
+    for key, rows in frame.groupby(keys, dropna=False, sort=False):
+        trace, limit, block_size, outputs, cap = key
+        if pd.notna(cap):
+            continue
+        if trace not in traces:
+            traces[trace] = load_trace(resolve_trace(trace))
+        sample = limit_trace(traces[trace], None if pd.isna(limit) else int(limit))
+        rate = bounds.ideal_hit_rate(sample, int(block_size), include_outputs=outputs == "recorded")
+        frame.loc[rows.index, "ideal_rate"] = rate
+    return frame
+
+
+def read_result(name_or_path: str | Path, point_id: str):
+    """The full RunResult (admissions, requests, block events) of one finished point."""
+    from analysis.engines import RunResult
+
+    return RunResult.read(result_folder(find_point(grid_points(name_or_path), point_id)))
