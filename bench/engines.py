@@ -1,0 +1,142 @@
+"""Engines: replay vs the real CPU engine on one sample, and the whole multi-turn trace replayed.
+
+1. One sample of the multi-turn trace (first conversations, replies capped), the same
+   configuration on both engines: requests/s and tokens/s (prompt + generated tokens over the
+   step loop, start-up excluded and reported apart), and their ratio.
+2. The WHOLE multi-turn trace (recorded replies decoded) through `replay` at one
+   configuration: wall and CPU seconds, requests/s, tokens/s.
+
+Uses data/traces/multi_turn.parquet; without it, a synthetic trace of the same size and shape
+(said so in the output).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import replace
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+SAMPLE_CONVERSATIONS = 24
+SAMPLE_MAX_OUTPUT_TOKENS = 32
+# Whole-trace configuration: vLLM's GPU default block size, batch arrival, a cache large
+# enough for every running request (no preemption), vLLM's default 256 sequences.
+WHOLE_BLOCK_SIZE = 16
+WHOLE_NUM_BLOCKS = 65_536
+
+
+def _trace():
+    from analysis.paths import traces_dir
+
+    path = traces_dir() / "multi_turn.parquet"
+    if path.is_file():
+        from analysis.traces import load_trace
+
+        return load_trace(path), str(path)
+    from analysis.engines.synthetic import synthetic_trace
+
+    frame = synthetic_trace(
+        17_400, turns=(1, 6), user_tokens=(10, 160), reply_tokens=(50, 510), seed=0
+    )
+    return frame, "synthetic stand-in (data/traces/multi_turn.parquet not built)"
+
+
+def _throughput(result) -> tuple[float, float, float]:
+    """(loop seconds, requests/s, tokens/s) over the engine's step loop."""
+    seconds = result.manifest["engine"]["loop_seconds"]
+    requests = result.summary["requests_finished"]
+    tokens = result.summary["prompt_tokens"] + result.summary["output_tokens"]
+    return seconds, requests / seconds, tokens / seconds
+
+
+def compare_on_sample(frame) -> None:
+    from analysis.engines import RunConfig, run
+
+    config = RunConfig(
+        trace="multi_turn",
+        engine="vllm",
+        block_size=32,
+        num_blocks=2048,
+        max_model_len=4096,
+        mode="batch",
+        limit=SAMPLE_CONVERSATIONS,
+        max_output_tokens=SAMPLE_MAX_OUTPUT_TOKENS,
+    )
+    started = time.perf_counter()
+    real = run(frame, config, progress=False)
+    real_total = time.perf_counter() - started
+    started = time.perf_counter()
+    replayed = run(frame, replace(config, engine="replay"), progress=False)
+    replay_total = time.perf_counter() - started
+    same = (
+        real.summary["first_prefill"] == replayed.summary["first_prefill"]
+        and real.summary["all_prefill"] == replayed.summary["all_prefill"]
+        and real.summary["preemptions"] == replayed.summary["preemptions"]
+    )
+    print(
+        f"sample: first {SAMPLE_CONVERSATIONS} conversations, "
+        f"{real.summary['requests_finished']} requests, replies capped at "
+        f"{SAMPLE_MAX_OUTPUT_TOKENS} tokens, block 32, batch; identical counts: {same}"
+    )
+    rows = []
+    for name, result, total in (
+        ("vllm (CPU)", real, real_total),
+        ("replay", replayed, replay_total),
+    ):
+        seconds, rps, tps = _throughput(result)
+        rows.append((rps, tps))
+        print(
+            f"  {name:11s} loop {seconds:7.2f} s  {rps:9.1f} requests/s  {tps:11.0f} tokens/s"
+            f"  (with start-up: {total:6.1f} s)"
+        )
+    print(
+        f"  replay / vllm: {rows[1][0] / rows[0][0]:.1f}x requests/s, "
+        f"{rows[1][1] / rows[0][1]:.1f}x tokens/s"
+    )
+
+
+def whole_trace(frame, source: str) -> None:
+    from analysis.engines import RunConfig, run
+
+    config = RunConfig(
+        trace="multi_turn",
+        engine="replay",
+        block_size=WHOLE_BLOCK_SIZE,
+        num_blocks=WHOLE_NUM_BLOCKS,
+        mode="batch",
+    )
+    wall = time.perf_counter()
+    cpu = time.process_time()
+    result = run(frame, config, progress=False)
+    wall = time.perf_counter() - wall
+    cpu = time.process_time() - cpu
+    s = result.summary
+    engine = result.manifest["engine"]
+    tokens = s["prompt_tokens"] + s["output_tokens"]
+    print(
+        f"whole multi-turn trace ({source}): {s['requests_finished']} requests, "
+        f"{s['prompt_tokens'] / 1e6:.1f} M prompt + {s['output_tokens'] / 1e6:.1f} M decoded tokens"
+    )
+    print(
+        f"  replay, block {WHOLE_BLOCK_SIZE}, {WHOLE_NUM_BLOCKS} blocks, batch, "
+        f"max_num_seqs 256: {wall:.1f} s wall ({cpu:.1f} s CPU), of which step loop "
+        f"{engine['loop_seconds']:.1f} s; {s['requests_finished'] / wall:.0f} requests/s, "
+        f"{tokens / wall / 1e6:.2f} M tokens/s"
+    )
+    print(
+        f"  first-prefill {s['first_prefill']['rate']:.2%}, all-prefill "
+        f"{s['all_prefill']['rate']:.2%}, preemptions {s['preemptions']}, "
+        f"{engine['steps']} steps ({engine['scheduler_calls']} schedule() calls)"
+    )
+
+
+def main() -> None:
+    frame, source = _trace()
+    compare_on_sample(frame)
+    whole_trace(frame, source)
+
+
+if __name__ == "__main__":
+    main()

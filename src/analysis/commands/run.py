@@ -1,0 +1,136 @@
+"""`python -m analysis run`: one trace through one engine configuration, into data/results/.
+
+Example:
+    python -m analysis run --trace multi_turn --engine replay --block-size 16 \\
+        --num-blocks 256 --mode closed-loop --concurrency 8
+
+The result goes to `data/results/<config id>/`. A configuration already finished there is not
+run again unless `--force`. The folder is built under a temporary name and renamed at the end
+(manifest.json written last), so an interrupted run leaves nothing that looks complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from analysis.engines.config import (
+        DEVICES,
+        ENGINES,
+        HASH_ALGOS,
+        LONG_PROMPTS,
+        MODES,
+        OUTPUTS,
+        RunConfig,
+    )
+
+    d = RunConfig()
+    parser.add_argument(
+        "--trace", default=d.trace, help="trace name under data/traces/ or a .parquet path"
+    )
+    parser.add_argument("--engine", choices=ENGINES, default=d.engine)
+    parser.add_argument(
+        "--model", default=None, help="model for the vllm engine (default: local random Llama)"
+    )
+    parser.add_argument("--block-size", type=int, default=d.block_size)
+    parser.add_argument("--num-blocks", type=int, default=d.num_blocks)
+    parser.add_argument("--max-model-len", type=int, default=d.max_model_len)
+    parser.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, default=None, help="default: vLLM's own"
+    )
+    parser.add_argument("--no-chunked-prefill", action="store_true", help="disable chunked prefill")
+    parser.add_argument("--mode", choices=MODES, default=d.mode)
+    parser.add_argument(
+        "--concurrency", type=int, default=d.concurrency, help="closed-loop clients"
+    )
+    parser.add_argument(
+        "--outputs",
+        choices=OUTPUTS,
+        default=d.outputs,
+        help="recorded replies (teacher forcing) or free tokens",
+    )
+    parser.add_argument("--max-output-tokens", type=int, default=None)
+    parser.add_argument("--limit", type=int, default=None, help="only the first N conversations")
+    parser.add_argument("--seed", type=int, default=d.seed)
+    parser.add_argument("--device", choices=DEVICES, default=d.device)
+    parser.add_argument("--hash-algo", choices=HASH_ALGOS, default=d.hash_algo)
+    parser.add_argument(
+        "--long-prompts",
+        choices=LONG_PROMPTS,
+        default=d.long_prompts,
+        help="prompts >= max_model_len: skip them (counted) or stop with an error",
+    )
+    parser.add_argument(
+        "--no-fast-path",
+        action="store_true",
+        help="replay: let vLLM's schedule() run every decode step (same results, slower)",
+    )
+    parser.add_argument("--force", action="store_true", help="run again even if finished")
+    parser.add_argument("--results-dir", type=Path, default=None, help="default data/results")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def config_from_args(args: argparse.Namespace):
+    from analysis.engines.config import RunConfig
+
+    return RunConfig(
+        trace=args.trace,
+        engine=args.engine,
+        model=args.model,
+        block_size=args.block_size,
+        num_blocks=args.num_blocks,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        enable_chunked_prefill=not args.no_chunked_prefill,
+        mode=args.mode,
+        concurrency=args.concurrency,
+        outputs=args.outputs,
+        max_output_tokens=args.max_output_tokens,
+        limit=args.limit,
+        seed=args.seed,
+        device=args.device,
+        hash_algo=args.hash_algo,
+        long_prompts=args.long_prompts,
+        fast_path=not args.no_fast_path,
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    from analysis.cli import CommandError
+    from analysis.engines import ConfigError, run_and_write
+
+    config = config_from_args(args)
+    try:
+        folder, result = run_and_write(
+            config,
+            args.results_dir,
+            force=args.force,
+            progress=False if args.no_progress else None,
+        )
+    except ConfigError as exc:
+        raise CommandError(str(exc)) from None
+    if result is None:
+        print(f"already finished: {folder} (use --force to run again)")
+        return 0
+    print(summary_line(result.summary, result.manifest))
+    print(f"written: {folder}")
+    return 0
+
+
+def summary_line(summary: dict, manifest: dict) -> str:
+    first, every = summary["first_prefill"], summary["all_prefill"]
+    skipped = summary["requests_skipped"]
+    parts = [
+        f"{summary['requests_finished']} requests",
+        f"first-prefill hit rate {first['rate']:.2%} ({first['hits']}/{first['queries']} tokens)",
+        f"all-prefill {every['rate']:.2%}",
+        f"preemptions {summary['preemptions']}",
+        f"{manifest['timings']['total_s']:.1f} s",
+    ]
+    if skipped:
+        parts.append(f"{skipped} skipped (prompt >= max_model_len)")
+    return ", ".join(parts)

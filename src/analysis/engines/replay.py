@@ -1,0 +1,630 @@
+"""`replay`: vLLM's V1 `Scheduler` and `KVCacheManager`, driven step by step without a model.
+
+Everything that decides a cache hit, an eviction or a preemption is vLLM's own code: the
+scheduler is built from the same `EngineArgs` as the real engine, requests are vLLM
+`Request`s with vLLM's block hasher, and each step is `schedule()` then
+`update_from_output()` with a `ModelRunnerOutput` that carries, for every request that
+finished its prefill, the next token of its workload outputs (its recorded reply by default).
+
+Decode fast path (`fast_path=True`, the default). On the whole multi-turn trace most work is
+decode: 17 M tokens, each one scheduler step of one request. A decoding request whose next
+token needs no new block, fills no block and does not finish it changes nothing vLLM shares
+between requests but one token of budget. Such requests are *parked*: taken out of `running`
+while `schedule()` runs, with the scheduler's token, input and sequence budgets lowered by
+their number, and advanced without any work until their next event, which their block table
+tells in advance. At a cache event (a block became full) or an allocation event (the token
+needs a block) the request is scheduled here, before `schedule()` runs for the others, with
+the calls vLLM's `allocate_slots` makes for it (`cache_blocks`, or
+`coordinator.allocate_new_blocks`); a finishing request goes back to vLLM. A step is only run
+this way when it is provably the same as vLLM's: every running request gets its whole token
+demand, the free blocks cover every allocation of the step (so nothing is preempted), and no
+two requests cache the same hash in it (their order would matter); otherwise vLLM schedules
+everyone. Admissions, prefills, preemptions and finishes always go through `schedule()` and
+`update_from_output()`. The one difference is the order of allocations inside a step, so
+block *ids* may differ (the blocks are interchangeable); hits, queries, preemptions and
+every stored / hit / evicted block hash are identical per step, which the tests check
+against `fast_path=False` and against the real engine.
+
+Three more savings change no result: the model-runner payload of `schedule()`
+(`_make_cached_request_data`) is not built, as no model reads it; block hashes that a
+conversation's previous turn computed are reused (vLLM's hash of block i depends only on the
+first (i+1)*B tokens); Python's cyclic GC is paused during the loop (vLLM frees its objects by
+reference counting).
+"""
+
+from __future__ import annotations
+
+import gc
+import heapq
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from analysis.engines.config import RunConfig
+from analysis.engines.recorder import Recorder
+from analysis.engines.vllm_args import engine_kwargs, model_shape
+from analysis.engines.workload import Arrivals, Workload
+
+
+@dataclass
+class ReplayEngine:
+    """A model-free vLLM scheduler, its block hasher and the resolved vLLM config."""
+
+    scheduler: Any
+    block_hasher: Callable[[Any], list[Any]]
+    vllm_config: Any
+    hash_block_size: int
+
+
+def build_replay_engine(config: RunConfig, model: str) -> ReplayEngine:
+    import torch
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.core.kv_cache_utils import (
+        get_request_block_hasher,
+        init_none_hash,
+        resolve_kv_cache_block_sizes,
+    )
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    vllm_config = EngineArgs(**engine_kwargs(config, model)).create_engine_config(
+        usage_context=UsageContext.LLM_CLASS
+    )
+    shape = model_shape(model) or {"num_layers": 2, "num_kv_heads": 4, "head_size": 64}
+    layer_names = [f"model.layers.{i}.self_attn.attn" for i in range(shape["num_layers"])]
+    spec = FullAttentionSpec(
+        block_size=vllm_config.cache_config.block_size,
+        num_kv_heads=shape["num_kv_heads"],
+        head_size=shape["head_size"],
+        dtype=torch.bfloat16,
+    )
+    kv_cache_config = KVCacheConfig(
+        num_blocks=config.num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(layer_names, spec)],
+    )
+    vllm_config.cache_config.num_gpu_blocks = config.num_blocks
+    block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
+    if hasattr(kv_cache_config, "hash_block_size"):
+        kv_cache_config.hash_block_size = hash_block_size
+    scheduler_cls = vllm_config.scheduler_config.get_scheduler_cls()
+    scheduler = scheduler_cls(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=block_size,
+        hash_block_size=hash_block_size,
+        log_stats=True,
+    )
+    _skip_model_runner_payload(scheduler)
+    hash_fn = get_hash_fn_by_name(vllm_config.cache_config.prefix_caching_hash_algo)
+    init_none_hash(hash_fn)
+    return ReplayEngine(
+        scheduler=scheduler,
+        block_hasher=get_request_block_hasher(hash_block_size, hash_fn),
+        vllm_config=vllm_config,
+        hash_block_size=hash_block_size,
+    )
+
+
+def _skip_model_runner_payload(scheduler: Any) -> None:
+    """No model runner reads `scheduled_cached_reqs`: skip building it (a copy of every
+    token of each resumed request). `_make_cached_request_data` only builds that payload."""
+    from vllm.v1.core.sched.output import CachedRequestData
+
+    def empty_cached_request_data(*args: Any, **kwargs: Any) -> Any:
+        return CachedRequestData(
+            req_ids=[],
+            resumed_req_ids=set(),
+            new_token_ids=[],
+            all_token_ids={},
+            new_block_ids=[],
+            num_computed_tokens=[],
+            num_output_tokens=[],
+        )
+
+    scheduler._make_cached_request_data = empty_cached_request_data
+
+
+class PrefixHashes:
+    """Reuses block hashes a conversation's previous turn already computed.
+
+    vLLM's block hashes chain over the whole prefix, so block i's hash depends only on the
+    first (i+1)*B tokens: when a new turn's prompt starts with the previous turn's tokens
+    (always its prompt; with recorded outputs also its reply), those hashes are the same
+    values vLLM would compute again. The rest is hashed by vLLM's own block hasher.
+    """
+
+    def __init__(self, block_size: int, hasher: Callable[[Any], list[Any]]) -> None:
+        self.block_size = block_size
+        self.hasher = hasher
+        self.reused_blocks = 0
+        self._last: dict[str, tuple[list[int], int, list[Any]]] = {}
+
+    def remember(self, conversation_id: str, request: Any) -> None:
+        """Keep a request's tokens and hashes for the conversation's next turn."""
+        self._last[conversation_id] = (
+            request._all_token_ids,
+            request.num_prompt_tokens,
+            request.block_hashes,
+        )
+
+    def forget(self, conversation_id: str) -> None:
+        self._last.pop(conversation_id, None)
+
+    def attach(self, request: Any, conversation_id: str) -> None:
+        """Give a request built without a hasher its block hashes (reused, then computed)."""
+        previous = self._last.get(conversation_id)
+        reused: list[Any] = []
+        if previous is not None:
+            tokens, prompt_len, hashes = previous
+            new_tokens = request._all_token_ids
+            size = self.block_size
+            for length in (len(tokens), prompt_len):
+                length = min(length, len(new_tokens), len(hashes) * size) // size * size
+                if length and new_tokens[:length] == tokens[:length]:
+                    reused = hashes[: length // size]
+                    break
+        request.block_hashes = list(reused)
+        request._block_hasher = self.hasher
+        request.update_block_hashes()
+        self.reused_blocks += len(reused)
+
+
+class DecodeFastPath:
+    """Runs the decode steps of running requests outside `schedule()` (see module doc).
+
+    A running request that is decoding (prefill done, one new token per step) is *parked*:
+    taken out of `running`, it advances one token per step without any work until its next
+    event, which its block table and counters tell in advance: a block becomes full (to be
+    cached), the next token needs a new block, or the token finishes the request. At a cache
+    or allocation event the request is scheduled here, with vLLM's own
+    `KVCacheManager.allocate_slots(request, 1)`, before `schedule()` runs for the others;
+    a finishing request goes back to vLLM, which finishes it. Parked requests are caught up
+    (tokens appended, computed tokens added, block hashes computed) when they are handled.
+    """
+
+    def __init__(self, scheduler: Any, hash_block_size: int) -> None:
+        self.scheduler = scheduler
+        manager = scheduler.kv_cache_manager
+        managers = manager.coordinator.single_type_managers
+        self.kv_cache_manager = manager
+        self.req_to_blocks = managers[0].req_to_blocks
+        self.num_cached_block = managers[0].num_cached_block
+        self.block_pool = manager.block_pool
+        self.block_size = scheduler.block_size
+        self.hash_block_size = hash_block_size
+        self.max_model_len = scheduler.max_model_len
+        self.enabled = self._supported(scheduler, len(managers))
+        self.parked_request_steps = 0
+        self.handled_events = 0
+        self.skipped_steps = 0
+        self.plain_steps = 0
+        self.num_parked = 0
+        self._wake_heap: list[int] = []
+        self._parked: list[Any] = []
+        self._full: list[Any] = []
+        self._visible: list[Any] = []
+        self._num_visible = 0
+        self._budgets: tuple[int, int, int] | None = None
+
+    @staticmethod
+    def _supported(scheduler: Any, num_groups: int) -> bool:
+        """Only the plain configuration this path was proven on (no spec decode, no connector)."""
+        from vllm.v1.core.sched.request_queue import SchedulingPolicy
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+        config = scheduler.scheduler_config
+        spec = scheduler.kv_cache_config.kv_cache_groups[0].kv_cache_spec
+        return (
+            type(scheduler) is Scheduler
+            and num_groups == 1
+            and type(spec) is FullAttentionSpec
+            and scheduler.connector is None
+            and scheduler.ec_connector is None
+            and scheduler.policy == SchedulingPolicy.FCFS
+            and scheduler.num_spec_tokens == 0
+            and scheduler.num_lookahead_tokens == 0
+            and scheduler.num_prefill_lookahead == 0
+            and scheduler.kv_cache_manager.watermark_blocks == 0
+            and scheduler.kv_cache_manager.enable_caching
+            and not config.long_prefill_token_threshold
+            and not scheduler.use_pp
+            and not scheduler.need_mamba_block_aligned_split
+            and scheduler.hash_block_size == scheduler.block_size
+        )
+
+    # ------------------------------------------------------------------ per request
+    def _next_event(self, request: Any) -> tuple[int, bool]:
+        """(steps until the request's next event, whether that event finishes it).
+
+        The request must be decoding with exact state: num_computed_tokens == num_tokens - 1.
+        0 steps means the event is now.
+        """
+        num_tokens = len(request._all_token_ids)
+        rid = request.request_id
+        block_size = self.block_size
+        room = len(self.req_to_blocks[rid]) * block_size - num_tokens + 1
+        until_full = (self.num_cached_block.get(rid, 0) + 1) * block_size - num_tokens
+        until_last_token = request.max_tokens - len(request._output_token_ids) - 1
+        until_max_len = self.max_model_len - num_tokens - 1
+        event = min(room, until_full)
+        finish = min(until_last_token, until_max_len)
+        if finish <= event:
+            return max(finish, 0), True
+        return max(event, 0), False
+
+    @staticmethod
+    def _decoding(request: Any) -> bool:
+        return (
+            len(request._all_token_ids) - request.num_computed_tokens == 1
+            and not request.is_prefill_chunk
+            and not request.spec_token_ids
+        )
+
+    def _park(self, request: Any, step: int, steps: int, finishing: bool) -> None:
+        wake = step + steps
+        request._park_step = step
+        request._park_wake = wake
+        request._park_finishing = finishing
+        heapq.heappush(self._wake_heap, wake)
+        self._parked.append(request)
+        self.num_parked += 1
+
+    def _catch_up(self, request: Any, step: int) -> None:
+        """Advance a parked request to the start of `step`, as vLLM's steps would have."""
+        steps = step - request._park_step
+        if steps > 0:
+            self._advance(request, steps)
+            self.parked_request_steps += steps
+        request._park_wake = 0
+        self.num_parked -= 1
+
+    def _advance(self, request: Any, steps: int) -> None:
+        """`steps` decode steps: computed tokens, then the next workload tokens appended."""
+        outputs = request._output_token_ids
+        done = len(outputs)
+        tokens = request._replay_outputs[done : done + steps]
+        outputs.extend(tokens)
+        request._all_token_ids.extend(tokens)
+        request.num_computed_tokens += steps
+        request.update_block_hashes()
+
+    def _unpark_all(self, step: int) -> None:
+        for request in self._parked:
+            if request._park_wake:
+                self._catch_up(request, step)
+        self._parked = []
+        self._wake_heap.clear()
+
+    def next_wake(self, step: int) -> int:
+        """The first step after `step` at which a running request has something to do."""
+        if not all(request._park_wake for request in self.scheduler.running):
+            return step + 1  # a request handled this step is not parked: it acts next step
+        heap = self._wake_heap
+        while True:
+            wake = heap[0]
+            if wake > step and any(r._park_wake == wake for r in self._parked):
+                return wake
+            heapq.heappop(heap)
+
+    def _visible_cache_hashes(self, visible: list[Any]) -> set[bytes]:
+        """Hashes the visible running requests will cache this step (all get their demand)."""
+        hashes: set[bytes] = set()
+        block_size = self.block_size
+        for request in visible:
+            start = self.num_cached_block.get(request.request_id, 0)
+            end = len(request._all_token_ids) // block_size
+            if end > start:
+                hashes.update(request.block_hashes[start:end])
+        return hashes
+
+    # ------------------------------------------------------------------ one step
+    def prepare(self, step: int) -> bool:
+        """Set up `step`: handle due events, park what decodes, hide it from `running`.
+
+        Returns False for a plain vLLM step (nothing hidden, `running` untouched).
+        """
+        if not self.enabled:
+            return False
+        scheduler = self.scheduler
+        full = scheduler.running
+        if not full:
+            return False
+        block_size = self.block_size
+        max_model_len = self.max_model_len
+        req_to_blocks = self.req_to_blocks
+        demand = 0
+        blocks_needed = 0
+        due: list[Any] = []
+        newly: list[tuple[Any, int, bool]] = []
+        visible: list[Any] = []
+        for request in full:
+            wake = request._park_wake
+            if wake:
+                demand += 1
+                if wake > step:
+                    continue
+                self._catch_up(request, step)
+            if self._decoding(request):
+                steps, finishing = self._next_event(request)
+                if steps:
+                    newly.append((request, steps, finishing))
+                    demand += 0 if wake else 1
+                    continue
+                if not finishing:
+                    due.append(request)
+                    demand += 0 if wake else 1
+                    num_tokens = len(request._all_token_ids)
+                    if len(req_to_blocks[request.request_id]) * block_size < num_tokens:
+                        blocks_needed += 1
+                    continue
+            if wake:
+                demand -= 1
+            visible.append(request)
+            num_tokens = len(request._all_token_ids)
+            demand += num_tokens - request.num_computed_tokens
+            needed = -(-min(num_tokens, max_model_len) // block_size) - len(
+                req_to_blocks[request.request_id]
+            )
+            if needed > 0:
+                blocks_needed += needed
+        config = scheduler.scheduler_config
+        token_budget = scheduler.max_num_scheduled_tokens
+        input_budget = config.max_num_batched_tokens
+        if (
+            demand > token_budget
+            or demand > input_budget
+            or blocks_needed > self.block_pool.get_num_free_blocks()
+            or (due and visible and self._cache_collision(due, visible))
+        ):
+            # Budget pressure, a possible preemption, or two requests caching the same hash
+            # in one step (their order matters): vLLM must see every request.
+            self._unpark_all(step)
+            self.plain_steps += 1
+            return False
+        for request, steps, finishing in newly:
+            self._park(request, step, steps, finishing)
+        for request in due:
+            self._handle_event(request, step)
+        if len(visible) == len(full):
+            return False
+        count = len(full) - len(visible)
+        self._full = full
+        self._visible = visible
+        self._num_visible = len(visible)
+        self._budgets = (token_budget, input_budget, scheduler.max_num_active_reqs)
+        scheduler.running = visible
+        scheduler.max_num_scheduled_tokens = token_budget - count
+        config.max_num_batched_tokens = input_budget - count
+        scheduler.max_num_active_reqs -= count
+        return True
+
+    def _cache_collision(self, due: list[Any], visible: list[Any]) -> bool:
+        """Would a due request cache a hash that a visible request also caches this step?
+
+        Duplicate blocks of one hash are kept in insertion order and the first one serves
+        later hits, so such a step must keep vLLM's own order.
+        """
+        hashes = self._visible_cache_hashes(visible)
+        if not hashes:
+            return False
+        block_size = self.block_size
+        for request in due:
+            start = self.num_cached_block.get(request.request_id, 0)
+            end = len(request._all_token_ids) // block_size
+            if any(h in hashes for h in request.block_hashes[start:end]):
+                return True
+        return False
+
+    def _handle_event(self, request: Any, step: int) -> None:
+        """Schedule one decode step of a due request as vLLM's running loop would, then park it.
+
+        vLLM's running loop calls `allocate_slots(request, 1)`, which for a decoding request
+        of plain full attention does one of two things, both done here with the same vLLM
+        calls it makes: cache the block that just became full (its last statement,
+        `cache_blocks(request, num_tokens)`), or, when the new token needs a block, allocate
+        it (`coordinator.allocate_new_blocks`; nothing becomes full at that token). The free
+        blocks were checked for the whole step in `prepare`.
+        """
+        manager = self.kv_cache_manager
+        rid = request.request_id
+        num_tokens = len(request._all_token_ids)
+        num_blocks = len(self.req_to_blocks[rid])
+        if num_blocks * self.block_size >= num_tokens:
+            manager.cache_blocks(request, num_tokens)
+        elif num_tokens // self.block_size == self.num_cached_block.get(rid, 0):
+            manager.coordinator.allocate_new_blocks(rid, num_tokens, num_tokens)
+        elif manager.allocate_slots(request, 1) is None:  # pragma: no cover - see prepare()
+            raise AssertionError(f"allocation failed for {rid} at step {step}")
+        self._advance(request, 1)
+        self.handled_events += 1
+        steps, finishing = self._next_event(request)
+        if steps:
+            self._park(request, step + 1, steps, finishing)
+
+    def nothing_to_schedule(self) -> bool:
+        """After prepare(): vLLM would schedule only parked requests this step."""
+        return not self._visible and not self.scheduler.get_request_counts()[1]
+
+    def restore(self) -> None:
+        """Put parked requests back in `running`, in their order, after `schedule()`."""
+        if self._budgets is None:
+            return
+        scheduler = self.scheduler
+        admitted = self._visible[self._num_visible :]
+        scheduler.running = self._full + admitted if admitted else self._full
+        token_budget, input_budget, active = self._budgets
+        scheduler.max_num_scheduled_tokens = token_budget
+        scheduler.scheduler_config.max_num_batched_tokens = input_budget
+        scheduler.max_num_active_reqs = active
+        self._budgets = None
+        self._full = []
+        self._visible = []
+        if len(self._parked) > 4 * max(self.num_parked, 64):
+            self._parked = [r for r in self._parked if r._park_wake]
+
+
+def run_replay(
+    workload: Workload,
+    config: RunConfig,
+    recorder: Recorder,
+    model: str,
+    progress: Any = None,
+) -> dict[str, Any]:
+    """Replay the workload through vLLM's scheduler; fills `recorder`; returns engine facts."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request
+
+    engine = build_replay_engine(config, model)
+    scheduler = engine.scheduler
+    recorder.attach(scheduler)
+    fast = DecodeFastPath(scheduler, engine.hash_block_size)
+    fast.enabled = fast.enabled and config.fast_path
+    arrivals = Arrivals(workload, config.mode, config.concurrency)
+    live: dict[str, Any] = {}
+    ids = recorder.ids
+
+    prefix_hashes = PrefixHashes(engine.hash_block_size, engine.block_hasher)
+    last_turns = {turns[-1] for turns in workload.conversations if turns}
+
+    def submit(indices: list[int]) -> None:
+        step = scheduler.current_step
+        for index in indices:
+            spec = workload.specs[index]
+            outputs = workload.output_list(index)
+            request = Request(
+                request_id=spec.request_id,
+                prompt_token_ids=workload.prompt_list(index),
+                sampling_params=SamplingParams(max_tokens=len(outputs), ignore_eos=True),
+                pooling_params=None,
+                block_hasher=None,
+            )
+            prefix_hashes.attach(request, spec.conversation_id)
+            if index in last_turns:
+                prefix_hashes.forget(spec.conversation_id)
+            else:
+                prefix_hashes.remember(spec.conversation_id, request)
+            request._replay_outputs = outputs
+            request._park_wake = 0
+            ids[spec.request_id] = index
+            live[spec.request_id] = request
+            recorder.submitted(index, step)
+            scheduler.add_request(request)
+
+    recorder.start_clock()
+    started = time.perf_counter()
+    cpu_started = time.process_time()
+    with _cyclic_gc_paused():
+        steps_run = _drive(scheduler, fast, arrivals, live, ids, recorder, submit, progress)
+    elapsed = time.perf_counter() - started
+    return {
+        "steps": scheduler.current_step,
+        "scheduler_calls": steps_run,
+        "loop_seconds": round(elapsed, 3),
+        "loop_cpu_seconds": round(time.process_time() - cpu_started, 3),
+        "fast_path": fast.enabled,
+        "fast_path_parked_request_steps": fast.parked_request_steps,
+        "fast_path_handled_events": fast.handled_events,
+        "fast_path_skipped_steps": fast.skipped_steps,
+        "fast_path_plain_steps": fast.plain_steps,
+        "reused_block_hashes": prefix_hashes.reused_blocks,
+        "resolved": resolved_settings(engine.vllm_config, scheduler),
+    }
+
+
+@contextmanager
+def _cyclic_gc_paused():
+    """Pause Python's cyclic GC: its full passes over millions of token lists cost more than
+    the scheduler itself, and vLLM's request objects are freed by reference counting."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _drive(scheduler, fast, arrivals, live, ids, recorder, submit, progress) -> int:
+    """The step loop: schedule, sample the workload's next tokens, update, submit arrivals."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    submit(arrivals.initial())
+    steps_run = 0
+    while live:
+        step = scheduler.current_step + 1
+        recorder.mark_step(step, recorder.now())
+        fast_step = fast.prepare(step)
+        if fast_step and fast.nothing_to_schedule():
+            # Only parked decodes until the next wake: vLLM would change nothing shared.
+            fast.restore()
+            wake = fast.next_wake(step)
+            fast.skipped_steps += wake - step
+            scheduler.current_step = wake - 1
+            continue
+        scheduler_output = scheduler.schedule()
+        fast.restore()
+        steps_run += 1
+        req_ids = list(scheduler_output.num_scheduled_tokens)
+        sampled: list[list[int]] = []
+        for rid in req_ids:
+            request = live[rid]
+            if request.is_prefill_chunk:
+                sampled.append([])
+            else:
+                sampled.append([request._replay_outputs[len(request._output_token_ids)]])
+        model_output = ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+            sampled_token_ids=sampled,
+        )
+        engine_outputs = scheduler.update_from_output(scheduler_output, model_output)
+        finished: list[int] = []
+        for outputs in engine_outputs.values():
+            for output in outputs.outputs:
+                index = ids[output.request_id]
+                if output.new_token_ids:
+                    recorder.first_token(index, step)
+                if output.finish_reason is not None:
+                    request = live.pop(output.request_id)
+                    recorder.finished(
+                        index, step, _reason(output.finish_reason), request.num_output_tokens
+                    )
+                    finished.append(index)
+        if finished:
+            if progress is not None:
+                progress.update(len(finished))
+            submit(arrivals.after_finished(finished))
+    return steps_run
+
+
+def _reason(reason: Any) -> str:
+    return str(getattr(reason, "name", reason)).lower()
+
+
+def resolved_settings(vllm_config: Any, scheduler: Any) -> dict[str, Any]:
+    """The scheduler settings vLLM actually used (defaults resolved), for the manifest."""
+    sched = vllm_config.scheduler_config
+    cache = vllm_config.cache_config
+    return {
+        "scheduler_class": type(scheduler).__name__,
+        "block_size": scheduler.block_size,
+        "hash_block_size": scheduler.hash_block_size,
+        "num_blocks": scheduler.kv_cache_manager.block_pool.num_gpu_blocks,
+        "max_model_len": vllm_config.model_config.max_model_len,
+        "max_num_seqs": sched.max_num_seqs,
+        "max_num_batched_tokens": sched.max_num_batched_tokens,
+        "enable_chunked_prefill": sched.enable_chunked_prefill,
+        "long_prefill_token_threshold": sched.long_prefill_token_threshold,
+        "scheduler_reserve_full_isl": getattr(sched, "scheduler_reserve_full_isl", None),
+        "async_scheduling": sched.async_scheduling,
+        "policy": str(sched.policy),
+        "prefix_caching_hash_algo": cache.prefix_caching_hash_algo,
+        "watermark": getattr(sched, "watermark", None),
+    }

@@ -1,0 +1,112 @@
+"""`RunResult`: the tables of one run, written as Parquet plus JSON, manifest last.
+
+Folder `data/results/<config_id>/`:
+
+- `admissions.parquet`: one row per admission from the waiting queue (vLLM's PrefixCacheStats
+  records exactly these): request, conversation, turn, kind (`first` or `readmission` after
+  a preemption), tokens queried (prompt + tokens generated so far), tokens hit, step, time.
+- `requests.parquet`: one row per trace request: status (`finished` or `skipped` for prompts
+  of max_model_len tokens or more), prompt and output tokens, cached tokens at the first
+  admission, preemptions, admissions, submit / first-token / finish steps, TTFT where measured
+  (real engine only), and the generated token ids when they are not the workload's outputs.
+- `block_events.parquet`: stored / hit / evicted, block hash (hex of its first 64 bits),
+  block id, request, step and time.
+- `counters.json`: the exported counters (`vllm:prefix_cache_queries`, ...), the summed
+  `PrefixCacheStats` including the hidden preempted_* fields, and where each came from.
+- `summary.json`: the headline numbers (analysis.hitrates.summarize).
+- `manifest.json`: config, trace hash, versions, git commit, timings. Written last: a folder
+  without it is an incomplete run. The whole folder is built under a temporary name and
+  renamed into place at the end, so an interrupted run leaves nothing that looks complete.
+
+Steps are vLLM's scheduler steps (`Scheduler.current_step`), the same in both engines for the
+same workload; times are seconds since the first request was submitted, taken at the start of
+each step: in `vllm` the engine's wall clock, in `replay` only the replay's own (no model
+runs), so compare replay runs in steps.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from analysis.engines.config import RunConfig
+from analysis.manifest import read_json, write_json, write_parquet
+
+TABLES = ("admissions", "requests", "block_events")
+MANIFEST = "manifest.json"
+
+
+@dataclass
+class RunResult:
+    config: RunConfig
+    config_id: str
+    admissions: pd.DataFrame
+    requests: pd.DataFrame
+    block_events: pd.DataFrame
+    counters: dict[str, Any]
+    summary: dict[str, Any] = field(default_factory=dict)
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+    def generated_outputs(self) -> dict[str, list[int]]:
+        """Token ids each request emitted (the real engine's own tokens in `free` mode)."""
+        if "output_ids" in self.requests.columns:
+            rows = self.requests[self.requests["status"] == "finished"]
+            return {
+                rid: [int(t) for t in ids]
+                for rid, ids in zip(rows["request_id"], rows["output_ids"], strict=False)
+            }
+        return {}
+
+    def write(self, folder: Path) -> Path:
+        """Write every table, then the manifest, into a temporary folder renamed at the end."""
+        folder = Path(folder)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staging = folder.with_name(f".{folder.name}.partial-{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+        try:
+            for name in TABLES:
+                write_parquet(staging / f"{name}.parquet", getattr(self, name))
+            write_json(staging / "counters.json", self.counters)
+            write_json(staging / "summary.json", self.summary)
+            write_json(staging / MANIFEST, self.manifest)
+            _replace_folder(staging, folder)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return folder
+
+    @classmethod
+    def read(cls, folder: Path) -> RunResult:
+        folder = Path(folder)
+        if not is_complete(folder):
+            raise FileNotFoundError(f"{folder} holds no complete run (no {MANIFEST})")
+        manifest = read_json(folder / MANIFEST)
+        tables = {name: pd.read_parquet(folder / f"{name}.parquet") for name in TABLES}
+        return cls(
+            config=RunConfig.from_dict(manifest["config"]),
+            config_id=manifest["config_id"],
+            counters=read_json(folder / "counters.json"),
+            summary=read_json(folder / "summary.json"),
+            manifest=manifest,
+            **tables,
+        )
+
+
+def is_complete(folder: Path) -> bool:
+    return (Path(folder) / MANIFEST).is_file()
+
+
+def _replace_folder(staging: Path, folder: Path) -> None:
+    if folder.exists():
+        old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
+        shutil.rmtree(old, ignore_errors=True)
+        folder.rename(old)
+        staging.rename(folder)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        staging.rename(folder)
