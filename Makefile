@@ -41,7 +41,7 @@ $(VENV)/.installed-gpu: requirements/gpu.txt pyproject.toml
 	@touch $(STAMP)
 
 .PHONY: traces
-traces: setup ## build the multi- and single-turn traces from the whole packaged ShareGPT
+traces: setup ## build the multi- and single-turn traces from the whole packaged ShareGPT (if stale)
 	$(PY) -m analysis traces
 
 .PHONY: lint
@@ -61,7 +61,7 @@ nbval: setup ## re-execute the committed notebooks and compare their outputs
 	  --nbval-cell-timeout 1200 -p no:cacheprovider notebooks
 
 .PHONY: bench
-bench: setup ## time the heavy paths and print ratios measured in one run
+bench: traces ## time the heavy paths and print ratios measured in one run
 	$(PY) bench/run.py
 
 GRID ?= default
