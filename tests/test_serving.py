@@ -1,0 +1,475 @@
+"""Server lifecycle, benchmark bookkeeping, and the real vLLM server and engine end to end.
+
+Fast tests use a stand-in server (a small Python HTTP server that leaves a SIGTERM-proof
+grandchild in its process group) to check start, readiness, failure reports and that the
+whole group always goes away. Tests marked `engine` start the real `vllm serve` or
+`vllm.LLM` with the tiny random-weight Llama; each server start costs 20-50 s on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+
+from analysis import loadgen, serving
+from analysis.serving import RunKey, ServerConfig, ServerStartError, VllmServer
+
+FAKE_SERVER = textwrap.dedent(
+    """\
+    import argparse, json, subprocess, sys
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--served-model-name")
+    parser.add_argument("--fake-mode", default="ok")
+    args, _ = parser.parse_known_args()
+    print("stand-in server starting", flush=True)
+    # A grandchild in the same process group that ignores SIGTERM: only SIGKILL ends it.
+    subprocess.Popen([sys.executable, "-c",
+        "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+    if args.fake_mode == "exit":
+        print("RuntimeError: stand-in failure for the test", flush=True)
+        sys.exit(3)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            if args.fake_mode == "never-ready":
+                self.send_response(503)
+                self.end_headers()
+                return
+            bodies = {
+                "/health": b"",
+                "/v1/models": json.dumps({"data": [{"id": args.served_model_name}]}).encode(),
+                "/metrics": b'vllm:prefix_cache_queries_total{engine="0"} 5.0\\n',
+            }
+            body = bodies.get(self.path)
+            self.send_response(200 if body is not None else 404)
+            self.send_header("Content-Length", str(len(body or b"")))
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, *args):
+            pass
+
+    ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()
+    """
+)
+
+
+@pytest.fixture
+def fake_launcher(tmp_path, monkeypatch):
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+    monkeypatch.setattr(serving, "server_launcher", lambda model: [sys.executable, str(script)])
+    return script
+
+
+def _fake_config(**kwargs) -> ServerConfig:
+    return ServerConfig(model="fake-model", stop_grace_s=0.5, startup_timeout_s=60, **kwargs)
+
+
+def _alive(pgid: int) -> list[int]:
+    return serving._group_members(pgid)
+
+
+# ---------------------------------------------------------------------------- fast: lifecycle
+
+
+def test_server_flags_differ_only_in_the_caching_flag():
+    on = ServerConfig(model="m", prefix_caching=True).flags()
+    off = ServerConfig(model="m", prefix_caching=False).flags()
+    assert [a for a in on if a not in off] == ["--enable-prefix-caching"]
+    assert [a for a in off if a not in on] == ["--no-enable-prefix-caching"]
+    assert on[on.index("--host") + 1] == "127.0.0.1"
+    assert on[on.index("--block-size") + 1] == "32"
+    assert "--kv-cache-memory-bytes" in on and "--enforce-eager" in on
+
+
+def test_launcher_runs_the_real_server_entry_point():
+    command = serving.server_command(ServerConfig(model="m"), 1234)
+    assert command[-2:] == ["--port", "1234"]
+    if command[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]:
+        assert command[0] == sys.executable and command[3:5] == ["--model", "m"]
+    else:
+        assert command[1:3] == ["serve", "m"]
+
+
+def test_free_port_can_be_bound():
+    port = serving.free_port()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", port))
+
+
+def test_stand_in_server_starts_and_its_whole_group_is_killed(fake_launcher, tmp_path):
+    with VllmServer(_fake_config(), tmp_path / "server.log") as server:
+        pgid = server.pgid
+        assert server.startup_s > 0
+        assert len(_alive(pgid)) == 2  # the server and its SIGTERM-proof child
+        assert server.counters() == {"vllm:prefix_cache_queries": 5.0}
+    assert _alive(pgid) == []
+    server.stop()  # a second stop is harmless
+
+
+def test_an_error_inside_the_block_still_stops_the_server(fake_launcher):
+    with pytest.raises(ZeroDivisionError), VllmServer(_fake_config()) as server:
+        pgid = server.pgid
+        _ = 1 / 0
+    assert _alive(pgid) == []
+    assert serving._LIVE == {}
+
+
+def test_a_server_that_exits_during_start_up_reports_its_log_tail(fake_launcher):
+    config = _fake_config(extra_args=("--fake-mode", "exit"))
+    server = VllmServer(config)
+    with pytest.raises(ServerStartError) as caught:
+        server.start()
+    message = str(caught.value)
+    first_line = message.splitlines()[0]
+    assert "exited with status 3 during start-up" in first_line
+    assert "RuntimeError: stand-in failure for the test" in first_line
+    assert "stand-in server starting" in message  # the tail of the log
+    assert _alive(server.pgid) == []  # the orphan-prone grandchild too
+
+
+def test_a_server_that_never_gets_ready_times_out_and_is_stopped(fake_launcher):
+    config = ServerConfig(
+        model="fake-model",
+        stop_grace_s=0.5,
+        startup_timeout_s=3,
+        extra_args=("--fake-mode", "never-ready"),
+    )
+    server = VllmServer(config)
+    with pytest.raises(ServerStartError, match="was not ready after 3 s"):
+        server.start()
+    assert _alive(server.pgid) == []
+
+
+PARENT = textwrap.dedent(
+    """\
+    import sys, time
+    from analysis import serving
+    {patch}
+    config = serving.ServerConfig(model={model!r}, stop_grace_s={grace})
+    with serving.VllmServer(config) as server:
+        print(server.pgid, flush=True)
+        {work}
+    """
+)
+
+
+def _start_parent(tmp_path, *, patch="", model="fake-model", grace=0.5, work="time.sleep(600)"):
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT.format(patch=patch, model=model, grace=grace, work=work))
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
+    )
+
+
+def _read_pgid(parent: subprocess.Popen) -> int:
+    line = parent.stdout.readline()
+    if not line:
+        raise AssertionError(f"the parent died before the server was ready: {parent.stderr.read()}")
+    return int(line)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_parent_ends_the_server_group(fake_launcher, tmp_path, signum):
+    patch = f"serving.server_launcher = lambda model: [sys.executable, {str(fake_launcher)!r}]"
+    parent = _start_parent(tmp_path, patch=patch)
+    try:
+        pgid = _read_pgid(parent)
+        assert len(_alive(pgid)) == 2
+        parent.send_signal(signum)
+        parent.wait(timeout=30)
+        assert _alive(pgid) == []
+        assert parent.returncode != 0
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+# ---------------------------------------------------------------------------- fast: bookkeeping
+
+
+def test_config_rejects_what_cannot_run():
+    with pytest.raises(ValueError, match="workload"):
+        serving.ServingBenchConfig(workload="poisson")
+    with pytest.raises(ValueError, match="modes"):
+        serving.ServingBenchConfig(modes=("cache", "half"))
+    with pytest.raises(ValueError, match="max_model_len"):
+        serving.ServingBenchConfig(prefixes=(4096,), max_model_len=4096)
+    with pytest.raises(ValueError, match="fractions"):
+        serving.PrefixSweepConfig(fractions=(1.2,))
+
+
+def test_run_ids_are_stable_and_change_with_what_shapes_a_run(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"hidden_size": 8}')
+    config = serving.ServingBenchConfig()
+    key = RunKey("cache", "2048", 8)
+    first = serving.run_id(config, str(model), key)
+    assert first.startswith("synthetic-cache-p2048-c8-")
+    assert first == serving.run_id(config, str(model), key)
+    # the swept lists do not change a run's id: a bigger sweep reuses finished runs
+    wider = serving.ServingBenchConfig(prefixes=(0, 2048), concurrency=(1, 8, 16))
+    assert serving.run_id(wider, str(model), key) == first
+    others = {
+        serving.run_id(config, str(model), RunKey("no_cache", "2048", 8)),
+        serving.run_id(config, str(model), RunKey("cache", "1024", 8)),
+        serving.run_id(config, str(model), RunKey("cache", "2048", 1)),
+        serving.run_id(serving.ServingBenchConfig(output_tokens=8), str(model), key),
+        serving.run_id(config, str(model), key, workload_hash="abc"),
+    }
+    (model / "config.json").write_text('{"hidden_size": 16}')
+    others.add(serving.run_id(config, str(model), key))
+    assert first not in others and len(others) == 6
+
+
+def _summary(mode, regime, concurrency, ttft, req_s):
+    return {
+        "workload": "synthetic",
+        "mode": mode,
+        "prefix_regime": regime,
+        "concurrency": concurrency,
+        "mean_ttft_s": ttft,
+        "p95_ttft_s": ttft * 1.5,
+        "mean_e2e_s": ttft + 1,
+        "p95_e2e_s": ttft + 2,
+        "req_s": req_s,
+        "tok_s": req_s * 16,
+        "notes": "",
+        "hit_rate": 0.9 if mode == "cache" else float("nan"),
+        "predicted_saving": 0.5,
+    }
+
+
+def test_summaries_of_finished_runs_only_and_mode_comparison(tmp_path):
+    for name, summary in {
+        "a": _summary("cache", "2048", 1, 0.1, 2.0),
+        "b": _summary("no_cache", "2048", 1, 1.0, 0.5),
+        "c": _summary("cache", "512", 1, 0.2, 1.0),
+        "d": _summary("no_cache", "512", 1, 0.4, 1.0),
+    }.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps(summary))
+        (tmp_path / name / "manifest.json").write_text("{}")
+    (tmp_path / "unfinished").mkdir()
+    (tmp_path / "unfinished" / "summary.json").write_text(
+        json.dumps(_summary("cache", "0", 1, 9, 9))
+    )
+    table = serving.summary_table(serving.load_summaries(root=tmp_path))
+    assert list(table.columns[:10]) == list(serving.SUMMARY_COLUMNS)
+    assert list(zip(table.prefix_regime, table["mode"], strict=True)) == [
+        ("512", "cache"),
+        ("512", "no_cache"),
+        ("2048", "cache"),
+        ("2048", "no_cache"),
+    ]
+    comparison = serving.compare_modes(table).set_index("prefix_regime")
+    assert comparison.loc["2048", "ttft_ratio"] == pytest.approx(10.0)
+    assert comparison.loc["2048", "measured_saving"] == pytest.approx(0.9)
+    assert comparison.loc["512", "ttft_ratio"] == pytest.approx(2.0)
+    assert comparison.loc["2048", "throughput_ratio"] == pytest.approx(4.0)
+
+
+def test_sweep_table_puts_modes_side_by_side():
+    sweep = pd.DataFrame(
+        {
+            "mode": ["cache", "no_cache", "cache", "no_cache"],
+            "fraction": [0.0, 0.0, 1.0, 1.0],
+            "req_s": [1.0, 1.0, 4.0, 1.0],
+        }
+    )
+    wide = serving.sweep_table(sweep)
+    assert list(wide.columns) == ["fraction", "cache", "no_cache", "speedup"]
+    assert wide.speedup.tolist() == [1.0, 4.0]
+
+
+def test_last_error_line_is_found_in_a_traceback_tail():
+    tail = (
+        "Traceback (most recent call last):\n  File x\nOSError: [Errno 98] Address already in use"
+    )
+    assert serving._last_error(tail) == "OSError: [Errno 98] Address already in use"
+    assert serving._last_error("INFO: all fine") == ""
+
+
+# ---------------------------------------------------------------------------- real vLLM
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> str:
+    return serving.resolve_model("tiny-llama")
+
+
+def _small_sharegpt_trace():
+    from analysis.sharegpt import load_conversations
+    from analysis.traces import TraceOptions, build_traces
+
+    conversations, _ = load_conversations(max_conversations=60)
+    options = TraceOptions(max_model_len=2048, min_turns=2)
+    return build_traces(conversations, options, progress=False).multi
+
+
+@pytest.mark.engine
+def test_real_server_measures_ttft_counts_hits_and_caches_results(
+    tiny_model, tmp_path, monkeypatch
+):
+    config = serving.ServingBenchConfig(
+        model=tiny_model,
+        prefixes=(512,),
+        concurrency=(2,),
+        requests=3,
+        modes=("cache",),
+        output_tokens=4,
+        max_model_len=2048,
+        kv_cache_memory_bytes=256 << 20,
+    )
+    with VllmServer(config.server_config(tiny_model, "cache"), tmp_path / "server.log") as server:
+        pgid = server.pgid
+        table = serving.run_serving_bench(config, root=tmp_path, progress=False, server=server)
+        row = table.iloc[0]
+        assert (row["mode"], row["prefix_regime"], row["concurrency"]) == ("cache", "512", 2)
+        assert row["n_ok"] == 3 and row["n_timeout"] == 0 and row["n_error"] == 0
+        # the warm-up request missed; every measured one hit the whole 512-token prefix
+        assert row["warmup_prefix_cache_queries"] == 536 and row["warmup_prefix_cache_hits"] == 0
+        assert row["prefix_cache_queries"] == 3 * 536 and row["prefix_cache_hits"] == 3 * 512
+        assert row["hit_rate"] == pytest.approx(row["predicted_saving"])
+        requests = serving.load_requests([row["run_id"]], root=tmp_path)
+        assert (requests.sent_prompt_tokens == requests.prompt_tokens).all()
+        assert (requests.output_tokens == 4).all()
+        assert ((requests.ttft_s > 0) & (requests.ttft_s <= requests.e2e_s)).all()
+
+        # ShareGPT conversations from the real data, closed loop: later turns hit the earlier
+        trace = _small_sharegpt_trace()
+        workload = loadgen.sharegpt_workload(
+            trace, conversations=3, max_turns=3, output_tokens=4, max_model_len=2048
+        )
+        sharegpt = serving.ServingBenchConfig(
+            **{**config.__dict__, "workload": "sharegpt", "requests": 3, "max_turns": 3}
+        )
+        frame, summary = serving.execute_run(
+            server, sharegpt, RunKey("cache", "sharegpt", 2), workload, progress=False
+        )
+        assert summary["n_ok"] == workload.num_requests and summary["n_error"] == 0
+        assert summary["prefix_cache_queries"] == sum(
+            len(s.prompt_ids) for c in workload.conversations for s in c
+        )
+        assert (
+            summary["prefix_cache_hits"]
+            >= summary["predicted_hit_rate"] * summary["prefix_cache_queries"] - 1e-6
+        )
+        assert summary["prefix_cache_hits"] > 0
+        assert frame.groupby("group")["turn_index"].apply(list).tolist() == [[0, 1, 2]] * 3
+
+        # client timeouts are counted, not fatal, and the server keeps serving
+        hurried = serving.ServingBenchConfig(**{**config.__dict__, "request_timeout_s": 0.001})
+        _, summary = serving.execute_run(server, hurried, RunKey("cache", "512", 2), progress=False)
+        assert summary["n_timeout"] == 3 and "3 timeout" in summary["notes"]
+        _, summary = serving.execute_run(server, config, RunKey("cache", "512", 2), progress=False)
+        assert summary["n_ok"] == 3
+    assert _alive(pgid) == []
+
+    # finished runs are read back, no server is started
+    def refuse(self):
+        raise AssertionError("a cached run started a server")
+
+    monkeypatch.setattr(VllmServer, "launch", refuse)
+    again = serving.run_serving_bench(config, root=tmp_path, progress=False)
+    pd.testing.assert_frame_equal(again, table)
+
+
+@pytest.mark.engine
+def test_interrupting_the_client_leaves_no_server_process(tiny_model, tmp_path):
+    work = (
+        "import asyncio; from analysis import loadgen\n"
+        "    specs = loadgen.synthetic_prefix_workload(1024, 64, output_tokens=64)\n"
+        "    asyncio.run(loadgen.run_burst(server.base_url, server.model_name, specs, 8))"
+    )
+    parent = _start_parent(tmp_path, model=tiny_model, grace=20, work=work)
+    try:
+        pgid = _read_pgid(parent)
+        assert len(_alive(pgid)) >= 2  # API server and engine core
+        time.sleep(2.0)  # requests in flight
+        parent.send_signal(signal.SIGINT)
+        parent.wait(timeout=60)
+        assert _alive(pgid) == []
+        assert b"KeyboardInterrupt" in parent.stderr.read()
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+@pytest.mark.engine
+def test_busy_port_gives_a_clear_error_with_the_log_tail(tiny_model):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen(1)
+        port = busy.getsockname()[1]
+        server = VllmServer(ServerConfig(model=tiny_model, port=port))
+        with pytest.raises(ServerStartError) as caught:
+            server.start()
+    first_line = str(caught.value).splitlines()[0]
+    assert "Address already in use" in first_line and f"port {port}" in first_line
+    assert len(str(caught.value).splitlines()) > 5  # the log's last lines follow
+    assert _alive(server.pgid) == []
+
+
+@pytest.mark.engine
+def test_bad_model_path_gives_a_clear_error_with_the_log_tail(tmp_path):
+    missing = tmp_path / "no-such-model"
+    server = VllmServer(ServerConfig(model=str(missing)))
+    with pytest.raises(ServerStartError) as caught:
+        server.start()
+    first_line = str(caught.value).splitlines()[0]
+    assert "exited with status" in first_line and str(missing) in first_line
+    assert _alive(server.pgid) == []
+
+
+@pytest.mark.engine
+def test_offline_prefix_sweep_hits_only_with_caching_on(tiny_model, tmp_path):
+    config = serving.PrefixSweepConfig(
+        model=tiny_model,
+        fractions=(0.0, 1.0),
+        num_prompts=3,
+        input_len=256,
+        output_len=4,
+        max_model_len=512,
+        kv_cache_memory_bytes=64 << 20,
+        max_num_batched_tokens=256,  # one prompt per step: later prompts find earlier blocks
+    )
+    sweep = serving.run_prefix_sweep(config, root=tmp_path, progress=False)
+    cached = sweep.set_index(["mode", "fraction"])["cached_tokens"]
+    assert cached[("cache", 0.0)] == 0
+    assert cached[("cache", 1.0)] == 2 * 224  # 2 repeats x 7 full blocks (last token recomputed)
+    assert cached[("no_cache", 0.0)] == 0 and cached[("no_cache", 1.0)] == 0
+    assert (sweep.req_s > 0).all() and (sweep.num_prompts == 3).all()
+    assert len(list(Path(tmp_path).glob("prefix-sweep-*/manifest.json"))) == 2
+
+
+def test_group_members_sees_only_live_processes():
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True
+    )
+    try:
+        assert serving._group_members(child.pid) == [child.pid]
+        serving.terminate_group(child.pid, child, grace_s=5)
+        assert serving._group_members(child.pid) == []
+        assert not psutil.pid_exists(child.pid) or child.poll() is not None
+    finally:
+        child.kill()
+        child.wait()
