@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import contextlib
 import hashlib
 import json
@@ -542,6 +543,17 @@ class RunKey:
     concurrency: int
 
 
+def run_coroutine(coroutine: Any) -> Any:
+    """`asyncio.run`, also from inside a running event loop (a Jupyter kernel has one): the
+    coroutine then runs to completion on a fresh loop in a worker thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
 def serving_root() -> Path:
     return results_dir() / "serving"
 
@@ -582,7 +594,7 @@ def warm_server(server: VllmServer, config: ServingBenchConfig) -> None:
         )
         for i, length in enumerate((256, min(1024, config.max_model_len // 2)))
     ]
-    asyncio.run(
+    run_coroutine(
         loadgen.run_burst(
             server.base_url, server.model_name, specs, 2, timeout_s=300.0, progress=False
         )
@@ -674,11 +686,11 @@ def execute_run(
         warm = [s for s in workload if s.warmup]
         measured = [s for s in workload if not s.warmup]
         common["t0"] = time.perf_counter()  # one clock for both phases
-        warm_results, _ = asyncio.run(
+        warm_results, _ = run_coroutine(
             loadgen.run_burst(server.base_url, server.model_name, warm, 1, **common, desc=desc)
         )
         middle = server.counters_after(start, sum(r.status == "ok" for r in warm_results))
-        results, timing = asyncio.run(
+        results, timing = run_coroutine(
             loadgen.run_burst(
                 server.base_url, server.model_name, measured, key.concurrency, **common, desc=desc
             )
@@ -687,7 +699,7 @@ def execute_run(
         groups = [workload]
     else:
         middle = start
-        results, timing = asyncio.run(
+        results, timing = run_coroutine(
             loadgen.run_closed_loop(
                 server.base_url,
                 server.model_name,
