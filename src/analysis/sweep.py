@@ -9,6 +9,7 @@ that are still missing.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -96,6 +97,12 @@ def grid_points(name_or_path: str | Path, block_budget=None) -> list[Point]:
         if missing:
             raise GridError(f"series {series.get('name')!r} lacks {', '.join(sorted(missing))}")
         fields_ = base | {k: v for k, v in series.items() if k not in SERIES_KEYS}
+        unknown = sorted(set(fields_) - {f.name for f in dataclasses.fields(RunConfig)})
+        if unknown:
+            raise GridError(
+                f"series {series['name']!r}: {', '.join(unknown)} is not a RunConfig field "
+                "(see analysis.engines.RunConfig)"
+            )
         dims = {
             "trace": series["traces"],
             "engine": series["engines"],

@@ -66,6 +66,16 @@ def percent_axis(ax, axis: str = "y", decimals: int = 0) -> None:
     target.set_major_formatter(PercentFormatter(1.0, decimals=decimals))
 
 
+def counts_behind(ax, x, counts, label: str, width=0.8) -> None:
+    """Grey count bars on a right-hand axis, drawn behind the lines of `ax`."""
+    twin = ax.twinx()
+    twin.bar(x, counts, width=width, color="#cccccc", alpha=0.5, zorder=0)
+    twin.set_ylabel(f"{label} (grey bars)")
+    twin.grid(False)
+    ax.set_zorder(twin.get_zorder() + 1)
+    ax.patch.set_visible(False)
+
+
 def save_figure(fig: Figure, name: str, caption: str, folder: Path | None = None) -> None:
     """Save `fig` as PNG and SVG under a stable name and record its caption in the README."""
     if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", name):

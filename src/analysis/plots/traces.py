@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis.plots import TRACE_COLORS, TRACE_LABELS, percent_axis
+from analysis.plots import TRACE_COLORS, TRACE_LABELS, counts_behind, percent_axis
 
 
 def prompt_length_figure(prompt_tokens: dict[str, pd.Series]) -> Figure:
@@ -61,10 +61,5 @@ def history_share_figure(by_turn: pd.DataFrame, max_turn: int = 15) -> Figure:
     ax.set_ylabel("prompt tokens that are history")
     ax.set_title("From the second turn on, most of a prompt was seen before")
     ax.legend(loc="lower right")
-    twin = ax.twinx()
-    twin.bar(table["turn_index"] + 1, table["requests"], color="#cccccc", alpha=0.5, zorder=0)
-    twin.set_ylabel("requests at this turn (grey bars)")
-    twin.grid(False)
-    ax.set_zorder(twin.get_zorder() + 1)
-    ax.patch.set_visible(False)
+    counts_behind(ax, table["turn_index"] + 1, table["requests"], "requests at this turn")
     return fig

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis.plots import RATE_COLORS, TRACE_COLORS, TRACE_LABELS, percent_axis
+from analysis.plots import RATE_COLORS, TRACE_COLORS, TRACE_LABELS, counts_behind, percent_axis
 
 
 def rate_by_turn_figure(
@@ -40,10 +40,11 @@ def rate_by_turn_figure(
     return fig
 
 
-def per_request_figure(shares: dict[str, np.ndarray]) -> Figure:
-    """Distribution (ECDF) of each request's hit share at its first admission."""
-    fig, ax = plt.subplots()
-    for trace, values in shares.items():
+def _ecdf_per_trace(ax, samples: dict[str, np.ndarray], unit: str) -> None:
+    """One empirical CDF per trace, in the trace's colour, its sample size in the label."""
+    for trace, values in samples.items():
+        if len(values) == 0:
+            continue
         values = np.sort(values)
         ax.step(
             values,
@@ -51,8 +52,14 @@ def per_request_figure(shares: dict[str, np.ndarray]) -> Figure:
             where="post",
             color=TRACE_COLORS.get(trace),
             linewidth=2,
-            label=f"{TRACE_LABELS.get(trace, trace)} ({len(values):,} requests)",
+            label=f"{TRACE_LABELS.get(trace, trace)} ({len(values):,} {unit})",
         )
+
+
+def per_request_figure(shares: dict[str, np.ndarray]) -> Figure:
+    """Distribution (ECDF) of each request's hit share at its first admission."""
+    fig, ax = plt.subplots()
+    _ecdf_per_trace(ax, shares, "requests")
     percent_axis(ax, "x")
     percent_axis(ax, "y")
     ax.set_xlabel("share of the request's prompt tokens that hit")
@@ -65,18 +72,7 @@ def per_request_figure(shares: dict[str, np.ndarray]) -> Figure:
 def reuse_gap_figure(gaps: dict[str, np.ndarray]) -> Figure:
     """Distribution of engine steps between a block's use and its next hit."""
     fig, ax = plt.subplots()
-    for trace, values in gaps.items():
-        if len(values) == 0:
-            continue
-        values = np.sort(values)
-        ax.step(
-            values,
-            np.arange(1, len(values) + 1) / len(values),
-            where="post",
-            color=TRACE_COLORS.get(trace),
-            linewidth=2,
-            label=f"{TRACE_LABELS.get(trace, trace)} ({len(values):,} block hits)",
-        )
+    _ecdf_per_trace(ax, gaps, "block hits")
     ax.set_xscale("log")
     percent_axis(ax)
     ax.set_xlabel("reuse gap (engine steps since the block was stored or last hit, log scale)")
@@ -114,17 +110,8 @@ def concurrency_figure(rows: pd.DataFrame) -> Figure:
     )
     ax.set_ylabel("multi-turn hit rate (tokens)")
     ax.set_title("Interleaved conversations evict each other's history")
-    twin = ax.twinx()
-    twin.bar(
-        rows["concurrency"],
-        rows["preemptions"],
-        width=rows["concurrency"] * 0.3,
-        color="#cccccc",
-        alpha=0.6,
+    counts_behind(
+        ax, rows["concurrency"], rows["preemptions"], "preemptions", width=rows["concurrency"] * 0.3
     )
-    twin.set_ylabel("preemptions (grey bars)")
-    twin.grid(False)
-    ax.set_zorder(twin.get_zorder() + 1)
-    ax.patch.set_visible(False)
     ax.legend(loc="lower left")
     return fig
