@@ -981,6 +981,9 @@ def _engine(config: PrefixSweepConfig, model: str, mode: str) -> Any:
         kwargs["kv_cache_memory_bytes"] = config.kv_cache_memory_bytes
     if config.gpu_memory_utilization is not None:
         kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
+    from analysis.vllm_compat import before_engine_start
+
+    before_engine_start()
     return LLM(
         model=model,
         block_size=config.block_size,

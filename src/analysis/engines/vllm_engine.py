@@ -54,6 +54,9 @@ def build_llm(config: RunConfig, forced: bool) -> tuple[Any, str]:
         from analysis.engines.forced import ForcedTokensLogitsProcessor
 
         kwargs["logits_processors"] = [ForcedTokensLogitsProcessor]
+    from analysis.vllm_compat import before_engine_start
+
+    before_engine_start()
     llm = LLM(**kwargs)
     return llm, model
 

@@ -60,8 +60,8 @@ def use_style() -> None:
     )
 
 
-def percent_axis(ax, axis: str = "y", decimals: int = 0) -> None:
-    """Show a 0-1 rate axis as percentages."""
+def percent_axis(ax, axis: str = "y", decimals: int | None = None) -> None:
+    """Show a 0-1 rate axis as percentages (decimals: None picks them from the axis range)."""
     target = ax.yaxis if axis == "y" else ax.xaxis
     target.set_major_formatter(PercentFormatter(1.0, decimals=decimals))
 

@@ -107,7 +107,7 @@ def capacity_curves_figure(
             _draw_engine(ax, points, top)
         ax.set_xscale("log")
         ax.set_ylim(0, top)
-        percent_axis(ax, decimals=_percent_decimals(top))
+        percent_axis(ax)
         ax.set_xlabel(f"cache capacity (blocks of {block_size} tokens, log scale)")
         ax.set_ylabel("hit rate (% of prompt tokens)")
         ax.set_title((titles or {}).get(trace, trace_label(trace)))
@@ -198,10 +198,6 @@ def _figure_legend(fig: Figure, axes: Sequence) -> None:
         ncol=min(3, len(entries)),
         fontsize="small",
     )
-
-
-def _percent_decimals(top: float) -> int:
-    return 1 if top < 0.05 else 0
 
 
 def _token_twin(ax, block_size: int) -> None:
