@@ -15,8 +15,9 @@ import pytest
 from analysis.chat_template import LLAMA3_CHAT_TEMPLATE, header, message_body, render
 from analysis.cli import CommandError
 from analysis.commands import traces as traces_command
+from analysis.manifest import file_sha256
 from analysis.sharegpt import Conversation, Message, load_conversations
-from analysis.tokenizer import file_sha256, load_tokenizer, packaged_tokenizer_file
+from analysis.tokenizer import load_tokenizer, packaged_tokenizer_file
 from analysis.traces import (
     TRACE_COLUMNS,
     TraceError,

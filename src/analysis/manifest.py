@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import gc
+import hashlib
 import json
 import os
 import platform
@@ -59,6 +62,34 @@ def git_commit() -> str | None:
     except (OSError, subprocess.CalledProcessError):
         return None
     return f"{sha}+dirty" if dirty else sha
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file's bytes (remembered while its size and modification time stay)."""
+    stat = Path(path).stat()
+    return _file_sha256(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@contextmanager
+def gc_paused():
+    """Pause Python's cyclic GC while building millions of small containers: its full passes
+    would rescan them again and again; they are freed by reference counting anyway."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 @contextmanager

@@ -66,7 +66,6 @@ otherwise edited. Conversations come out in file order.
 from __future__ import annotations
 
 import codecs
-import gc
 import json
 import os
 import re
@@ -74,7 +73,6 @@ import socket
 import time
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -82,6 +80,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from analysis.cli import CommandError
+from analysis.manifest import gc_paused
 
 SOURCES = ("package", "hub", "file")
 HUB_REPO_ID = "anon8231489123/ShareGPT_Vicuna_unfiltered"
@@ -311,22 +310,10 @@ def load_conversations(
     report = LoadReport(source=source, path=str(file_path), bytes_read=len(data))
     text = _decode_utf8(data)
     del data
-    with _gc_paused():
+    with gc_paused():
         conversations = _collect(text, file_path, report, max_conversations, progress, repair)
     report.seconds = round(time.perf_counter() - started, 3)
     return conversations, report
-
-
-@contextmanager
-def _gc_paused():
-    """Millions of fresh containers make the cyclic collector rescan them again and again."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _read_bytes(path: Path) -> bytes:

@@ -11,7 +11,6 @@ no pool is started that a process forked later would inherit.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from analysis.cli import CommandError
+from analysis.manifest import file_sha256
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -127,14 +127,6 @@ def tokenizer_source(name_or_path: str | Path | None = None) -> TokenizerSource:
     path = tokenizer_file(name_or_path)
     name = DEFAULT_TOKENIZER if name_or_path is None else str(name_or_path)
     return TokenizerSource(name=name, file=str(path), sha256=file_sha256(path))
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def token_id(tokenizer: Tokenizer, token: str) -> int:

@@ -55,11 +55,11 @@ from analysis.chat_template import (
     message_body,
 )
 from analysis.cli import CommandError
+from analysis.manifest import file_sha256
 from analysis.tokenizer import (
     EncodedTexts,
     TokenizerSource,
     encode_texts,
-    file_sha256,
     load_tokenizer,
     token_id,
     tokenizer_source,

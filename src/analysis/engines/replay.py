@@ -34,11 +34,9 @@ reference counting).
 
 from __future__ import annotations
 
-import gc
 import heapq
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +44,7 @@ from analysis.engines.config import RunConfig
 from analysis.engines.recorder import Recorder
 from analysis.engines.vllm_args import engine_kwargs, model_shape
 from analysis.engines.workload import Arrivals, Workload
+from analysis.manifest import gc_paused
 
 
 @dataclass
@@ -520,7 +519,7 @@ def run_replay(
     recorder.start_clock()
     started = time.perf_counter()
     cpu_started = time.process_time()
-    with _cyclic_gc_paused():
+    with gc_paused():
         steps_run = _drive(scheduler, fast, arrivals, live, ids, recorder, submit, progress)
     elapsed = time.perf_counter() - started
     return {
@@ -536,19 +535,6 @@ def run_replay(
         "reused_block_hashes": prefix_hashes.reused_blocks,
         "resolved": resolved_settings(engine.vllm_config, scheduler),
     }
-
-
-@contextmanager
-def _cyclic_gc_paused():
-    """Pause Python's cyclic GC: its full passes over millions of token lists cost more than
-    the scheduler itself, and vLLM's request objects are freed by reference counting."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _drive(scheduler, fast, arrivals, live, ids, recorder, submit, progress) -> int:

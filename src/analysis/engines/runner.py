@@ -7,7 +7,6 @@ counters and the manifest, and checks vLLM's own statistics against the per-admi
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import sys
 import time
@@ -22,6 +21,7 @@ from analysis.engines.config import ConfigError, RunConfig, config_digest, valid
 from analysis.engines.recorder import Recorder
 from analysis.engines.result import RunResult
 from analysis.engines.workload import Workload, build_workload
+from analysis.manifest import file_sha256
 
 
 def run(
@@ -144,21 +144,6 @@ def _read_trace(path: Path) -> pd.DataFrame:
     except ImportError:  # the traces module is optional for reading a finished file
         return pd.read_parquet(path)
     return load_trace(path)
-
-
-def file_sha256(path: Path) -> str:
-    """sha256 of a file's bytes (remembered while its size and modification time stay)."""
-    stat = Path(path).stat()
-    return _file_sha256(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=64)
-def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def frame_sha256(frame: pd.DataFrame) -> str:
