@@ -66,20 +66,27 @@ bench: traces ## time the heavy paths and print ratios measured in one run
 
 GRID ?= default
 RUNS := reports/runs/$(GRID)
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
 .PHONY: sweep
-sweep: traces ## run the points of configs/GRID.toml not yet done (GRID=default; make -j works)
+sweep: traces ## run configs/GRID.toml point by point through notebook 03 (GRID=default; make -j works)
 	@$(MAKE) --no-print-directory sweep-points \
-	  POINTS="$$($(PY) -m analysis sweep --grid $(GRID) --list --pending)"
+	  POINTS="$$($(PY) -m analysis sweep --grid $(GRID) --list)"
 
 .PHONY: sweep-points
 sweep-points: $(foreach p,$(POINTS),$(RUNS)/$(p).ipynb)
 
-$(RUNS)/%.ipynb: FORCE
+# One executed copy of notebook 03 per point; its result is computed unless already complete.
+$(RUNS)/%.ipynb:
 	$(PY) -m analysis sweep --grid $(GRID) --point $*
 
+.PHONY: sweep-inline
+sweep-inline: traces ## run every unfinished point of GRID in one process (no per-point start-up)
+	$(PY) -m analysis sweep --grid $(GRID)
+
 .PHONY: report
-report: sweep ## build traces, run the sweep, re-execute every notebook; figures + HTML report
+report: sweep-inline ## build traces, run the sweep, re-execute every notebook; figures + HTML report
+	@$(MAKE) --no-print-directory -j$(JOBS) sweep
 	$(PY) -m analysis report
 
 .PHONY: FORCE

@@ -4,8 +4,9 @@
     python -m analysis sweep --grid default --point ID    # one point, through notebook 03
     python -m analysis sweep --grid default               # every missing point, inline
 
-`make sweep` runs one make target per point (so `make -j` runs points in parallel); a point
-whose result is complete is skipped unless --force.
+`make sweep` runs one make target per point (so `make -j` runs points in parallel): notebook 03
+executed with the point's parameters, into reports/runs/<grid>/<point>.ipynb. A point whose
+result is complete is not computed again unless --force; its notebook only shows it.
 """
 
 from __future__ import annotations
@@ -41,11 +42,8 @@ def main(args: argparse.Namespace) -> int:
                 if not (args.pending and is_done(point)):
                     print(point.point_id)
             return 0
-        if args.point:
+        if args.point:  # the notebook computes the result unless it is complete (or --force)
             point = find_point(points, args.point)
-            if is_done(point) and not args.force:
-                print(f"{point.point_id}: finished ({result_folder(point).name})")
-                return 0
             output = run_point_notebook(point, args.grid, force=args.force)
             print(f"{point.point_id}: {result_folder(point).name} (notebook: {output})")
             return 0
