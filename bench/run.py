@@ -5,7 +5,7 @@ Run one with `python bench/run.py traces` (names: traces, engines, bounds, servi
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -13,8 +13,16 @@ from pathlib import Path
 BENCHMARKS = ("traces", "engines", "bounds", "serving")
 
 
+def load(name: str):
+    """The benchmark module bench/<name>.py, loaded from its file."""
+    path = Path(__file__).resolve().parent / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main(argv: list[str]) -> int:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     chosen = argv or list(BENCHMARKS)
     unknown = sorted(set(chosen) - set(BENCHMARKS))
     if unknown:
@@ -23,7 +31,7 @@ def main(argv: list[str]) -> int:
     for name in chosen:
         print(f"\n=== bench: {name} ===", flush=True)
         started = time.perf_counter()
-        importlib.import_module(name).main()
+        load(name).main()
         print(f"=== {name}: {time.perf_counter() - started:.1f} s ===", flush=True)
     return 0
 
