@@ -17,20 +17,12 @@ from analysis.blockhash import (
     blockhash_to_trace,
     load_blockhash_trace,
 )
+from analysis.traces import TRACE_COLUMNS
 
 DATA = Path(__file__).parent / "data"
 MOONCAKE = DATA / "blockhash_mooncake.jsonl"  # 512-token blocks, timestamps in ms
 QWEN = DATA / "blockhash_qwen.jsonl"  # 16-token blocks, chats, timestamps in s
-SCHEMA = (
-    "request_id",
-    "conversation_id",
-    "turn_index",
-    "prompt_ids",
-    "response_ids",
-    "prompt_tokens",
-    "response_tokens",
-    "timestamp",
-)
+SCHEMA = TRACE_COLUMNS  # the trace schema every engine reads
 
 
 def test_mooncake_import_counts_and_reports_bad_lines():

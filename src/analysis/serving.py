@@ -279,21 +279,11 @@ def _install_guards() -> None:
                 signal.signal(signum, _on_signal)
 
 
-def _http_get(url: str, timeout_s: float = 2.0) -> tuple[int, bytes]:
-    """GET without proxies (traffic stays on 127.0.0.1); (0, b"") when nothing answers."""
+def _http(url: str, method: str = "GET", timeout_s: float = 2.0) -> tuple[int, bytes]:
+    """One request without proxies (traffic stays on 127.0.0.1); (0, b"") when nothing answers."""
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(url, timeout=timeout_s) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, b""
-    except (urllib.error.URLError, OSError, TimeoutError):
-        return 0, b""
-
-
-def _http_post(url: str, timeout_s: float = 10.0) -> tuple[int, bytes]:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    request = urllib.request.Request(url, data=b"", method="POST")
+    data = b"" if method == "POST" else None
+    request = urllib.request.Request(url, data=data, method=method)
     try:
         with opener.open(request, timeout=timeout_s) as response:
             return response.status, response.read()
@@ -413,9 +403,9 @@ class VllmServer:
             returncode = self._proc.poll()
             if returncode is not None:
                 raise self._fail(f"exited with status {returncode} during start-up")
-            status, _ = _http_get(f"{self.base_url}/health")
+            status, _ = _http(f"{self.base_url}/health")
             if status == 200 and _listens_on(self._proc.pid, self.port):
-                status, body = _http_get(f"{self.base_url}/v1/models")
+                status, body = _http(f"{self.base_url}/v1/models")
                 if status == 200 and self.model_name in body.decode(errors="replace"):
                     return
             time.sleep(0.5)
@@ -435,7 +425,7 @@ class VllmServer:
 
     def counters(self) -> dict[str, float]:
         """The server's cumulative prefix-cache (and related) counters from `/metrics`."""
-        status, body = _http_get(f"{self.base_url}/metrics", timeout_s=10.0)
+        status, body = _http(f"{self.base_url}/metrics", timeout_s=10.0)
         if status != 200:
             raise RuntimeError(f"GET {self.base_url}/metrics answered {status}")
         return loadgen.parse_prometheus(body.decode(errors="replace"))
@@ -443,7 +433,7 @@ class VllmServer:
     def reset_prefix_cache(self, attempts: int = 10) -> bool:
         """Empty the prefix cache so that a run starts cold; False if the server cannot."""
         for _ in range(attempts):
-            status, body = _http_post(f"{self.base_url}/reset_prefix_cache")
+            status, body = _http(f"{self.base_url}/reset_prefix_cache", "POST", timeout_s=10.0)
             if status != 200:
                 return False
             with contextlib.suppress(ValueError):
