@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.cli import CommandError
+from analysis.errors import AnalysisError
 from analysis.sharegpt import (
     Conversation,
     LoadReport,
@@ -361,7 +361,7 @@ def test_bad_arguments_give_one_line_errors(tmp_path: Path) -> None:
     ]:
         with pytest.raises(ShareGPTSourceError, match=message):
             load_conversations(source, path, progress=False)
-    assert issubclass(ShareGPTSourceError, CommandError)  # the CLI prints it as one line
+    assert issubclass(ShareGPTSourceError, AnalysisError)  # the CLI prints it as one line
 
 
 def test_hub_offline_fails_at_once_naming_the_offline_default(monkeypatch, tmp_path) -> None:

@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from analysis.chat_template import LLAMA3_CHAT_TEMPLATE, header, message_body, render
-from analysis.cli import CommandError
 from analysis.commands import traces as traces_command
+from analysis.errors import AnalysisError
 from analysis.manifest import file_sha256
 from analysis.sharegpt import Conversation, Message, load_conversations
 from analysis.tokenizer import load_tokenizer, packaged_tokenizer_file
@@ -468,9 +468,9 @@ def test_command_builds_then_skips_then_rebuilds(tmp_path, capsys):
 
 
 def test_command_errors_are_one_line(tmp_path):
-    with pytest.raises(CommandError, match="not found"):
+    with pytest.raises(AnalysisError, match="not found"):
         run_command("--tokenizer", str(tmp_path / "none.json"), "--out", str(tmp_path))
-    with pytest.raises(CommandError, match="max_model_len"):
+    with pytest.raises(AnalysisError, match="max_model_len"):
         run_command("--max-model-len", "4", "--out", str(tmp_path))
-    with pytest.raises(CommandError, match="not found"):
+    with pytest.raises(AnalysisError, match="not found"):
         run_command("--source", "file", "--path", str(tmp_path / "none.json"))

@@ -47,12 +47,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.errors import BoundsError
+
 POLICIES = ("lru", "opt", "vllm")
 DEFAULT_REUSE_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
-
-
-class BoundsError(ValueError):
-    """Input the bounds cannot use; the message is one line and says what to change."""
 
 
 # ---------------------------------------------------------------------------------------------

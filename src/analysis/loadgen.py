@@ -34,16 +34,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.errors import WorkloadError
 from analysis.paths import traces_dir
 
 BOS_ID = 128000
 # Ids below the Llama 3 special tokens (128000+) are ordinary BPE tokens of the vocabulary.
 ORDINARY_ID_RANGE = (1_000, 128_000)
 STATUSES = ("ok", "timeout", "error", "not_sent")
-
-
-class WorkloadError(ValueError):
-    """A workload that cannot be built from the given inputs (one line, names the input)."""
 
 
 # --------------------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ from typing import Any
 import pandas as pd
 
 from analysis import loadgen
+from analysis.errors import ServerStartError
 from analysis.manifest import git_commit, package_versions, read_json, write_json, write_parquet
 from analysis.paths import results_dir
 
@@ -65,10 +66,6 @@ SUMMARY_COLUMNS = (
     "tok_s",
     "notes",
 )
-
-
-class ServerStartError(RuntimeError):
-    """The server exited or never became ready; the message ends with its log's last lines."""
 
 
 # --------------------------------------------------------------------------------------------

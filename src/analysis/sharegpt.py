@@ -79,7 +79,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from analysis.cli import CommandError
+from analysis.errors import ShareGPTSourceError
 from analysis.manifest import gc_paused
 
 SOURCES = ("package", "hub", "file")
@@ -118,10 +118,6 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 _JSON_LITERALS = ("true", "false", "null", "NaN", "Infinity", "-Infinity")
 _DECODER = json.JSONDecoder(strict=False)  # raw control characters in strings are kept
 _PROGRESS_EVERY = 512  # records between progress bar updates
-
-
-class ShareGPTSourceError(CommandError):
-    """A source that cannot be read at all (missing file, not JSON, hub unreachable): one line."""
 
 
 @dataclass(frozen=True)

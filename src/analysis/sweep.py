@@ -22,15 +22,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.errors import GridError
 from analysis.paths import repo_root, reports_dir
 
 CONFIGS_DIR = "configs"
 SERIES_KEYS = {"name", "traces", "engines", "block_sizes", "num_blocks"}
 DIMENSION_FIELDS = {"trace", "engine", "block_size", "num_blocks"}
-
-
-class GridError(ValueError):
-    """A grid file that cannot be read or expanded; one line saying what to fix."""
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ from analysis.chat_template import (
     header,
     message_body,
 )
-from analysis.cli import CommandError
+from analysis.errors import TraceError
 from analysis.manifest import file_sha256
 from analysis.tokenizer import (
     EncodedTexts,
@@ -88,10 +88,6 @@ TRACE_COLUMNS = (
     "response_tokens",
     "timestamp",
 )
-
-
-class TraceError(CommandError):
-    """A trace that cannot be built, read or trusted; printed as one line by the CLI."""
 
 
 @dataclass(frozen=True)

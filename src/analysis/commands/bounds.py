@@ -65,12 +65,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from analysis.cli import CommandError
+    from analysis.errors import UsageError
 
     try:
         result = compute(args)
     except (ValueError, FileNotFoundError) as exc:
-        raise CommandError(str(exc)) from None
+        raise UsageError(str(exc)) from None
     if args.json:
         print(json.dumps(_json_safe(result), indent=2))
     else:

@@ -15,14 +15,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from analysis.cli import CommandError
+    from analysis.errors import UsageError
     from analysis.report import execute, report_notebooks, to_html
 
     notebooks = report_notebooks()
     if args.notebooks:
         notebooks = [p for p in notebooks if any(p.name.startswith(s) for s in args.notebooks)]
         if not notebooks:
-            raise CommandError(f"no notebook matches {' '.join(args.notebooks)} in notebooks/")
+            raise UsageError(f"no notebook matches {' '.join(args.notebooks)} in notebooks/")
     for notebook in notebooks:
         print(f"executing {notebook.name} ...", flush=True)
         done = execute(notebook)

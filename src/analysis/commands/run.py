@@ -100,19 +100,15 @@ def config_from_args(args: argparse.Namespace):
 
 
 def main(args: argparse.Namespace) -> int:
-    from analysis.cli import CommandError
-    from analysis.engines import ConfigError, run_and_write
+    from analysis.engines import run_and_write
 
     config = config_from_args(args)
-    try:
-        folder, result = run_and_write(
-            config,
-            args.results_dir,
-            force=args.force,
-            progress=False if args.no_progress else None,
-        )
-    except ConfigError as exc:
-        raise CommandError(str(exc)) from None
+    folder, result = run_and_write(
+        config,
+        args.results_dir,
+        force=args.force,
+        progress=False if args.no_progress else None,
+    )
     if result is None:
         print(f"already finished: {folder} (use --force to run again)")
         return 0

@@ -133,15 +133,13 @@ def _run_serving(args: argparse.Namespace) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from analysis.cli import CommandError
-    from analysis.loadgen import WorkloadError
-    from analysis.serving import ServerStartError
+    from analysis.errors import UsageError
 
     try:
         if args.workload == "prefix-sweep":
             _run_sweep(args)
         else:
             _run_serving(args)
-    except (ServerStartError, WorkloadError, ValueError) as exc:
-        raise CommandError(str(exc)) from exc
+    except ValueError as exc:  # a bad argument (the core's own errors reach the CLI as they are)
+        raise UsageError(str(exc)) from exc
     return 0

@@ -23,10 +23,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from analysis.cli import CommandError
-    from analysis.engines import ConfigError
     from analysis.sweep import (
-        GridError,
         find_point,
         grid_points,
         is_done,
@@ -35,23 +32,20 @@ def main(args: argparse.Namespace) -> int:
         run_point_notebook,
     )
 
-    try:
-        points = grid_points(args.grid)
-        if args.list:
-            for point in points:
-                if not (args.pending and is_done(point)):
-                    print(point.point_id)
-            return 0
-        if args.point:  # the notebook computes the result unless it is complete (or --force)
-            point = find_point(points, args.point)
-            output = run_point_notebook(point, args.grid, force=args.force)
-            print(f"{point.point_id}: {result_folder(point).name} (notebook: {output})")
-            return 0
-        for number, point in enumerate(points, 1):
-            if is_done(point) and not args.force:
-                continue
-            folder = run_point(point, force=args.force, progress=None)
-            print(f"[{number}/{len(points)}] {point.point_id}: {folder.name}", flush=True)
-    except (GridError, ConfigError) as exc:
-        raise CommandError(str(exc)) from None
+    points = grid_points(args.grid)  # GridError, ConfigError: printed as one line by the CLI
+    if args.list:
+        for point in points:
+            if not (args.pending and is_done(point)):
+                print(point.point_id)
+        return 0
+    if args.point:  # the notebook computes the result unless it is complete (or --force)
+        point = find_point(points, args.point)
+        output = run_point_notebook(point, args.grid, force=args.force)
+        print(f"{point.point_id}: {result_folder(point).name} (notebook: {output})")
+        return 0
+    for number, point in enumerate(points, 1):
+        if is_done(point) and not args.force:
+            continue
+        folder = run_point(point, force=args.force, progress=None)
+        print(f"[{number}/{len(points)}] {point.point_id}: {folder.name}", flush=True)
     return 0

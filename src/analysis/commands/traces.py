@@ -54,7 +54,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from analysis.cli import CommandError
+    from analysis.errors import UsageError
     from analysis.paths import traces_dir
     from analysis.traces import TraceOptions, ensure_traces
 
@@ -69,7 +69,7 @@ def main(args: argparse.Namespace) -> int:
             tokenizer=args.tokenizer,
         )
     except ValueError as exc:
-        raise CommandError(str(exc)) from None
+        raise UsageError(str(exc)) from None
     build = ensure_traces(
         options,
         args.source,

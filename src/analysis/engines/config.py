@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from analysis.errors import ConfigError
+
 ENGINES = ("replay", "vllm")
 MODES = ("batch", "closed-loop")
 OUTPUTS = ("recorded", "free")
@@ -28,10 +30,6 @@ LONG_PROMPTS = ("skip", "error")
 CPU_BLOCK_MULTIPLE = 32
 # The local random model's context (analysis.models.TINY.max_position_embeddings).
 TINY_MAX_MODEL_LEN = 8192
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message is one line and says what to change."""
 
 
 @dataclass(frozen=True)
