@@ -764,6 +764,8 @@ def ensure_traces(
     )
     trace_set = build_traces(conversations, options, tokenizer, progress=progress)
     del conversations
+    if trace_set.multi.empty:
+        raise TraceError(_no_request_kept(data_file, trace_set))
     paths = save_traces(
         trace_set,
         out,
@@ -772,6 +774,19 @@ def ensure_traces(
         progress=progress,
     )
     return TraceBuild(load_manifest(out), built=True, paths=paths, load_report=report)
+
+
+def _no_request_kept(data_file: Path, trace_set: TraceSet) -> str:
+    """One line for a build that dropped every request: the counts, and what to change."""
+    selection, multi = trace_set.counts["conversations"], trace_set.counts["multi_turn"]
+    options = trace_set.options
+    return (
+        f"{data_file}: every request was dropped: {selection['used']:,} of "
+        f"{selection['input']:,} conversations used ({selection['skipped_min_turns']:,} with "
+        f"fewer than min_turns={options.min_turns}), {multi['requests_excluded']:,} requests "
+        f"excluded at max_model_len={options.max_model_len}; lower --min-turns, raise "
+        "--max-model-len or use --policy truncate"
+    )
 
 
 def load_manifest(out_dir: str | Path | None = None) -> dict[str, Any] | None:

@@ -47,6 +47,7 @@ def run(
         trace_info["explicit_outputs_sha256"] = extra
     config_id = f"{config.readable_prefix()}-{config_digest(config, trace_info['sha256'], extra)}"
     workload = build_workload(frame, config, outputs)
+    check_runnable(workload, trace_info["source"], config)
     recorder = Recorder(num_requests=len(workload.specs), block_size=config.block_size)
     bar = _progress_bar(workload, config, progress)
     prepared = time.perf_counter()
@@ -82,6 +83,42 @@ def run(
         engine_sums=engine_sums,
     )
     return result
+
+
+def check_runnable(workload: Workload, source: str, config: RunConfig) -> None:
+    """Refuse a trace with nothing to run (its rates would be NaN) or with impossible token ids."""
+    from analysis.errors import TraceError
+
+    runnable = [s for s in workload.specs if not s.skipped]
+    if not runnable:
+        raise TraceError(
+            f"trace {source}: nothing to run: {len(workload.specs)} requests, "
+            f"{len(workload.skipped)} with prompts of max_model_len={config.max_model_len} "
+            "tokens or more; give a non-empty trace or raise --max-model-len"
+        )
+    pieces = [p for s in runnable for p in (s.prompt, s.outputs) if len(p)]
+    low = min(int(p.min()) for p in pieces)
+    high = max(int(p.max()) for p in pieces)
+    if low < 0:
+        raise TraceError(f"trace {source}: token id {low} is negative; rebuild the trace")
+    vocab = _vocab_size(config)
+    if vocab is not None and high >= vocab:
+        raise TraceError(
+            f"trace {source}: token id {high} is outside the model's vocabulary ({vocab} ids); "
+            "build the trace with the model's tokenizer"
+        )
+
+
+def _vocab_size(config: RunConfig) -> int | None:
+    """The vocabulary size of the run's model when it is a local folder (None: unknown)."""
+    import json
+
+    from analysis.engines.vllm_args import resolve_model
+
+    path = Path(resolve_model(config)) / "config.json"
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text()).get("vocab_size")
 
 
 def config_id_for(config: RunConfig, trace: str | Path | None = None) -> str:
