@@ -167,7 +167,10 @@ def test_identical_prompts_hit_all_but_the_last_block(block_size):
     rates = hitrates.cumulative(result.admissions)["cumulative_rate"]
     expected = [(k - 1) * full / (k * length) for k in range(1, 7)]
     np.testing.assert_allclose(rates, expected)
-    assert result.summary["exported"] == result.summary["first_prefill"]
+    # vLLM's own per-step PrefixCacheStats (the exported counters' inputs) give the closed form
+    exported = result.counters["exported"]
+    assert exported["vllm:prefix_cache_hits"] == 5 * full
+    assert exported["vllm:prefix_cache_queries"] == 6 * length
 
 
 @pytest.mark.engine
@@ -180,14 +183,18 @@ def test_all_prefill_exceeds_first_prefill_only_under_preemption():
     assert tight.summary["preemptions"] > 0
     assert tight.summary["all_prefill"]["rate"] > tight.summary["first_prefill"]["rate"]
     assert tight.summary["recompute_share"] > 0
-    assert tight.requests["preemptions"].sum() == tight.summary["readmissions"]
     for result in (roomy, tight):
         events = result.block_events
         hit_tokens = result.admissions["tokens_hit"].sum()
         assert (events["event"] == "hit").sum() * result.config.block_size == hit_tokens
+        # vLLM's own PrefixCacheStats (summed per step) against our per-admission rows and
+        # vLLM's Request.num_preemptions: three records of the same preemptions
         stats = result.counters["prefix_cache_stats"]
-        assert stats["preempted_requests"] == result.summary["readmissions"]
-        assert result.counters["exported"]["vllm:num_preemptions"] == result.summary["preemptions"]
+        readmissions = result.admissions[result.admissions["kind"] == "readmission"]
+        assert stats["preempted_requests"] == len(readmissions)
+        assert stats["preempted_queries"] == readmissions["tokens_queried"].sum()
+        assert stats["preempted_hits"] == readmissions["tokens_hit"].sum()
+        assert result.requests["preemptions"].sum() == stats["preempted_requests"]
 
 
 @pytest.mark.engine
@@ -243,6 +250,35 @@ def test_decode_fast_path_keeps_identical_requests_in_order():
         fast = run_replay(trace, fast_path=True, **changes)
         for a, b in zip(comparable(plain), comparable(fast), strict=False):
             pd.testing.assert_frame_equal(a, b)
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda t: t.iloc[:0], "nothing to run: 0 requests, 0 with prompts"),
+        (
+            lambda t: t.assign(prompt_ids=[np.full(500, 7)] * len(t)),
+            "nothing to run: 6 requests, 6",
+        ),
+        (lambda t: t.assign(prompt_ids=[p + 200_000 for p in t.prompt_ids]), "outside the model"),
+        (lambda t: t.assign(prompt_ids=[p - 200_000 for p in t.prompt_ids]), "negative token ids"),
+    ],
+)
+def test_a_trace_with_nothing_to_run_or_impossible_ids_is_refused(tmp_path, change, message):
+    import pyarrow.parquet as pq
+
+    from analysis.engines.runner import run
+    from analysis.errors import TraceError
+    from analysis.traces import trace_table
+
+    path = tmp_path / "bad.parquet"
+    frame = change(synthetic_trace(3, turns=2, seed=12))
+    pq.write_table(trace_table(frame.assign(prompt_tokens=frame.prompt_ids.map(len))), path)
+    config = RunConfig(trace=str(path), engine="replay", **{**SMALL, "max_model_len": 450})
+    with pytest.raises(TraceError, match=message) as caught:
+        run(None, config, progress=False)
+    assert str(caught.value).startswith(f"trace {path}: ")
 
 
 @pytest.mark.engine

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import random
 
@@ -27,7 +28,6 @@ from analysis.traces import (
     load_manifest,
     load_trace,
     save_traces,
-    template_info,
     trace_stats,
     trace_table,
 )
@@ -348,7 +348,7 @@ def test_options_are_validated():
 # ----------------------------------------------------------------------------- files
 
 
-def test_save_and_load_round_trip(tmp_path, sample_traces):
+def test_save_and_load_round_trip(tmp_path, sample, sample_traces, tokenizer):
     paths = save_traces(sample_traces, tmp_path, {"source": {"note": "test"}}, progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "manifest.json",
@@ -372,7 +372,24 @@ def test_save_and_load_round_trip(tmp_path, sample_traces):
     assert manifest["counts"] == json.loads(json.dumps(sample_traces.counts))
     assert manifest["parameters"] == sample_traces.options.to_dict()
     assert manifest["tokenizer"]["sha256"] == file_sha256(packaged_tokenizer_file())
-    assert manifest["template"]["sha256"] == template_info()["sha256"]
+    # the recorded template is the one the prompts were built with: its hash recomputed here,
+    # and its text, rendered by transformers, tokenizes to the first request's prompt
+    template = manifest["template"]
+    assert template["sha256"] == hashlib.sha256(template["jinja"].encode()).hexdigest()
+    from transformers import PreTrainedTokenizerFast
+
+    hf = PreTrainedTokenizerFast(
+        tokenizer_file=str(packaged_tokenizer_file()),
+        bos_token="<|begin_of_text|>",
+        chat_template=template["jinja"],
+    )
+    last = sample_traces.multi.iloc[-1]
+    conversation = next(c for c in sample if c.id == last["conversation_id"])
+    upto = user_positions(conversation)[last["turn_index"]] + 1
+    rendered = hf.apply_chat_template(
+        chat(conversation, upto), tokenize=False, add_generation_prompt=True
+    )
+    assert encode(tokenizer, rendered) == last["prompt_ids"].tolist()
     assert manifest["source"] == {"note": "test"}
     assert {"tokenizers", "pyarrow", "pandas"} <= set(manifest["package_versions"])
     for name in ("multi_turn", "single_turn"):
@@ -413,6 +430,53 @@ def test_load_trace_errors_are_one_line(tmp_path, sample_traces):
     garbage.write_bytes(b"not parquet at all")
     with pytest.raises(TraceError, match="not a readable Parquet"):
         load_trace(garbage)
+
+
+@pytest.mark.parametrize(
+    ("column", "values", "message"),
+    [
+        ("prompt_ids", lambda ids: [[str(t) for t in row] for row in ids], "wrong type"),
+        ("prompt_ids", lambda ids: [[float(t) + 0.5 for t in row] for row in ids], "wrong type"),
+        ("prompt_ids", lambda ids: [[int(t) + 2**40 for t in row] for row in ids], "wrong type"),
+        ("turn_index", lambda ids: ["first"] * len(ids), "wrong type"),
+        ("prompt_ids", lambda ids: [[-int(t) - 1 for t in row] for row in ids], "negative"),
+    ],
+)
+def test_a_trace_with_wrong_dtypes_is_a_one_line_error(
+    tmp_path, sample_traces, column, values, message
+):
+    frame = sample_traces.single.head(3).copy()
+    frame[column] = values(frame["prompt_ids"].tolist())
+    path = tmp_path / "wrong.parquet"
+    frame.to_parquet(path)  # plain pandas: the types as written, not the trace schema's
+    with pytest.raises(TraceError, match=message) as caught:
+        load_trace(path)
+    assert str(caught.value).startswith(f"trace {path}") and "\n" not in str(caught.value)
+
+
+def test_a_build_that_drops_every_request_is_a_one_line_error(tmp_path):
+    data = tmp_path / "one_turn.json"
+    data.write_text(
+        json.dumps(
+            [{"id": f"c{i}", "conversations": [{"from": "human", "value": "hi"}]} for i in range(3)]
+        )
+    )
+    with pytest.raises(TraceError) as caught:
+        run_command(
+            "--source",
+            "file",
+            "--path",
+            str(data),
+            "--min-turns",
+            "2",
+            "--out",
+            str(tmp_path / "out"),
+            "--no-progress",
+        )
+    message = str(caught.value)
+    assert message.startswith(f"{data}: every request was dropped: 0 of 3 conversations used")
+    assert "3 with fewer than min_turns=2" in message and "\n" not in message
+    assert load_manifest(tmp_path / "out") is None
 
 
 # ----------------------------------------------------------------------------- statistics

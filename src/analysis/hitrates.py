@@ -62,8 +62,11 @@ def all_prefill(admissions: pd.DataFrame) -> Rate:
 
     A preempted request is recomputed from scratch and usually finds its own blocks still
     cached, so each re-admission adds a large hit: this is the inflated rate the seed documents
-    saw (vLLM V1 before PR #25787). Always >= first_prefill; equal when nothing is preempted
-    and the first-admission rate is what re-admissions would also show.
+    saw (vLLM V1 before PR #25787). Equal to first_prefill when nothing is preempted; usually
+    above it under preemption, but not always: a re-admission can hit a smaller share than the
+    first admission did (the shared prefix it hit, and its own blocks, were evicted while it
+    waited), and when such re-admissions dominate, all-prefill falls below first-prefill
+    (tests/test_hitrates.py builds one such run with vLLM's scheduler).
     """
     return _rate(admissions)
 

@@ -637,6 +637,7 @@ def write_trace(path: Path, frame: pd.DataFrame) -> None:
 def load_trace(path: str | Path) -> pd.DataFrame:
     """One trace (Parquet) as a frame with the schema's columns, or a one-line TraceError."""
     import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     path = Path(path)
@@ -650,11 +651,41 @@ def load_trace(path: str | Path) -> pd.DataFrame:
     if missing:
         raise TraceError(f"trace {path} lacks columns {missing}; rebuild it")
     table = table.select(list(TRACE_COLUMNS))
+    wrong = [
+        f"{f.name} is {table.schema.field(f.name).type}, not {f.type}"
+        for f in trace_schema()
+        if not _same_kind(table.schema.field(f.name).type, f.type)
+    ]
     try:
+        if wrong:  # Arrow would parse "12" as 12 or cut 1.5 to 1: refuse instead
+            raise pa.ArrowInvalid("; ".join(wrong))
         table = table.cast(trace_schema())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise TraceError(f"trace {path} has columns of the wrong type: {exc}") from None
+        raise TraceError(
+            f"trace {path} has columns of the wrong type ({exc}); rebuild it"
+        ) from None
+    for column in ("prompt_ids", "response_ids"):
+        values = table.column(column).combine_chunks().flatten()
+        if len(values) and pc.min(values).as_py() < 0:
+            raise TraceError(f"trace {path}: {column} holds negative token ids; rebuild it")
     return table.to_pandas()
+
+
+def _same_kind(actual: pa.DataType, wanted: pa.DataType) -> bool:
+    """Whether a column can be cast to the schema's type without reinterpreting it: integers
+    stay integers (any width, overflow is checked by the cast), strings stay strings."""
+    import pyarrow as pa
+
+    if pa.types.is_list(wanted) or pa.types.is_large_list(wanted):
+        list_like = pa.types.is_list(actual) or pa.types.is_large_list(actual)
+        return list_like and _same_kind(actual.value_type, wanted.value_type)
+    if pa.types.is_integer(wanted):
+        return pa.types.is_integer(actual)
+    if pa.types.is_floating(wanted):
+        return pa.types.is_integer(actual) or pa.types.is_floating(actual)
+    if pa.types.is_string(wanted):
+        return pa.types.is_string(actual) or pa.types.is_large_string(actual)
+    return actual == wanted
 
 
 def save_traces(
