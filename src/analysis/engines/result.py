@@ -17,6 +17,8 @@ Folder `data/results/<config_id>/`:
 - `manifest.json`: config, trace hash, versions, git commit, timings. Written last: a folder
   without it is an incomplete run. The whole folder is built under a temporary name and
   renamed into place at the end, so an interrupted run leaves nothing that looks complete.
+  Writers of the same folder take turns (a lock file beside it): the last one wins whole, and
+  a staging folder left by a killed writer is removed by the next one.
 
 Steps are vLLM's scheduler steps (`Scheduler.current_step`), the same in both engines for the
 same workload; times are seconds since the first request was submitted, taken at the start of
@@ -26,8 +28,11 @@ runs), so compare replay runs in steps.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +40,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.engines.config import RunConfig
+from analysis.errors import ResultError
 from analysis.manifest import read_json, write_json, write_parquet
 
 TABLES = ("admissions", "requests", "block_events")
@@ -66,6 +72,7 @@ class RunResult:
         """Write every table, then the manifest, into a temporary folder renamed at the end."""
         folder = Path(folder)
         folder.parent.mkdir(parents=True, exist_ok=True)
+        _remove_dead_writers(folder)
         staging = folder.with_name(f".{folder.name}.partial-{os.getpid()}")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
@@ -75,7 +82,8 @@ class RunResult:
             write_json(staging / "counters.json", self.counters)
             write_json(staging / "summary.json", self.summary)
             write_json(staging / MANIFEST, self.manifest)
-            _replace_folder(staging, folder)
+            with _writer_lock(folder):
+                _replace_folder(staging, folder)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return folder
@@ -85,20 +93,71 @@ class RunResult:
         folder = Path(folder)
         if not is_complete(folder):
             raise FileNotFoundError(f"{folder} holds no complete run (no {MANIFEST})")
-        manifest = read_json(folder / MANIFEST)
-        tables = {name: pd.read_parquet(folder / f"{name}.parquet") for name in TABLES}
+        manifest = _read_part(folder / MANIFEST, read_json)
+        tables = {name: _read_part(folder / f"{name}.parquet", pd.read_parquet) for name in TABLES}
+        try:
+            config = RunConfig.from_dict(manifest["config"])
+            config_id = manifest["config_id"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ResultError(
+                f"{folder / MANIFEST} is not a run manifest ({exc!r}); run the point again "
+                "with --force"
+            ) from None
         return cls(
-            config=RunConfig.from_dict(manifest["config"]),
-            config_id=manifest["config_id"],
-            counters=read_json(folder / "counters.json"),
-            summary=read_json(folder / "summary.json"),
+            config=config,
+            config_id=config_id,
+            counters=_read_part(folder / "counters.json", read_json),
+            summary=_read_part(folder / "summary.json", read_json),
             manifest=manifest,
             **tables,
         )
 
 
+def _read_part(path: Path, reader: Callable[[Path], Any]) -> Any:
+    """One file of a result folder, or a one-line ResultError naming it and the fix."""
+    try:
+        return reader(path)
+    except Exception as exc:  # pyarrow, json and OS errors all mean the same here
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise ResultError(
+            f"{path} cannot be read ({reason}); run the point again with --force"
+        ) from None
+
+
 def is_complete(folder: Path) -> bool:
     return (Path(folder) / MANIFEST).is_file()
+
+
+@contextlib.contextmanager
+def _writer_lock(folder: Path) -> Iterator[None]:
+    """One writer at a time swaps `folder` (an flock, released if the process dies)."""
+    lock = folder.with_name(f".{folder.name}.lock")
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _remove_dead_writers(folder: Path) -> None:
+    """Staging and set-aside folders of `folder` whose writing process no longer exists."""
+    for stale in folder.parent.glob(f".{folder.name}.*-*"):
+        kind, _, pid = stale.name.rpartition("-")
+        if not kind.endswith((".partial", ".old")) or not pid.isdigit() or not stale.is_dir():
+            continue
+        if not _alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _replace_folder(staging: Path, folder: Path) -> None:

@@ -9,6 +9,7 @@ table of `figures/README.md`, so the folder documents itself.
 
 from __future__ import annotations
 
+import fcntl
 import re
 import warnings
 from pathlib import Path
@@ -109,11 +110,18 @@ def nan_series(fig: Figure) -> list[str]:
 
 
 def _record_caption(readme: Path, name: str, caption: str) -> None:
-    rows = _read_captions(readme)
-    rows[name] = " ".join(caption.split()).replace("|", "/")
-    body = "".join(f"| [{n}]({n}.png) | {rows[n]} |\n" for n in sorted(rows))
-    with atomic_path(readme) as tmp:
-        tmp.write_text(README_HEADER + body)
+    """Read, change and write the caption table under a lock: notebooks run in parallel
+    (`make report`) save figures into the same folder, and none may lose another's line."""
+    with open(readme.with_name(f".{readme.name}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            rows = _read_captions(readme)
+            rows[name] = " ".join(caption.split()).replace("|", "/")
+            body = "".join(f"| [{n}]({n}.png) | {rows[n]} |\n" for n in sorted(rows))
+            with atomic_path(readme) as tmp:
+                tmp.write_text(README_HEADER + body)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _read_captions(readme: Path) -> dict[str, str]:
