@@ -85,6 +85,7 @@ def run_vllm(
     llm, model = build_llm(config, forced)
     build_seconds = time.perf_counter() - built
     engine = llm.llm_engine
+    _ensure_logging_stat_logger(engine)
     core = _engine_core(llm)
     scheduler = core.scheduler
     recorder.attach(scheduler)
@@ -191,6 +192,23 @@ def counter_values(llm: Any) -> dict[str, float]:
         if isinstance(metric, Counter):
             totals[metric.name] = totals.get(metric.name, 0) + metric.value
     return {name: int(value) for name, value in totals.items()}
+
+
+def _ensure_logging_stat_logger(engine: Any) -> None:
+    """Give the engine vLLM's own LoggingStatLogger when it has none.
+
+    vLLM adds it only when its logger is at INFO level; without it there is no logged
+    "Prefix cache hit rate" to compare with. This one is fed by vLLM's own record() calls, the
+    same as the default; its log() lines still follow vLLM's logging level.
+    """
+    manager = getattr(engine, "logger_manager", None)
+    if manager is None or _logged_window_rate(engine) is not None:
+        return
+    from vllm.v1.metrics.loggers import LoggingStatLogger, PerEngineStatLoggerAdapter
+
+    manager.stat_loggers.append(
+        PerEngineStatLoggerAdapter(engine.vllm_config, [0], LoggingStatLogger)
+    )
 
 
 def _logged_window_rate(engine: Any) -> float | None:
