@@ -91,3 +91,22 @@ def test_repeated_prompt_trace_has_the_trace_schema():
     frame = repeated_prompt_trace(np.arange(5), 3, reply_tokens=2)
     assert list(frame["conversation_id"]) == ["repeat000", "repeat001", "repeat002"]
     assert (frame["prompt_tokens"] == 5).all() and (frame["response_tokens"] == 2).all()
+
+
+def test_every_make_target_the_docs_name_exists():
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    makefile = (root / "Makefile").read_text()
+    targets = set(re.findall(r"^([a-zA-Z][\w-]*):", makefile, re.MULTILINE))
+    assert {"setup", "test", "report"} <= targets
+    docs = [root / "README.md", root / "environment.yml", *root.glob("requirements/*.txt")]
+    docs += [*root.glob("configs/*.toml"), *root.glob("notebooks/*.ipynb")]
+    named = {}
+    for path in docs:
+        text = path.read_text()
+        for match in re.finditer(r"`make ([\w-]+)|^#\s+make ([\w-]+)", text, re.MULTILINE):
+            named.setdefault(match[1] or match[2], path.name)
+    assert "setup" in named
+    missing = {target: where for target, where in named.items() if target not in targets}
+    assert not missing, f"named in the docs but not in the Makefile: {missing}"
