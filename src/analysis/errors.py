@@ -54,5 +54,9 @@ class ServerStartError(AnalysisError, RuntimeError):
     """A server that exited or never became ready; the message ends with its log's last lines."""
 
 
+class ServerLostError(AnalysisError, RuntimeError):
+    """A server that exited or stopped answering in the middle of a benchmark."""
+
+
 class ResultError(AnalysisError):
     """A result folder that exists but cannot be read (a corrupt or foreign table)."""

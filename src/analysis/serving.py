@@ -44,7 +44,7 @@ from typing import Any
 import pandas as pd
 
 from analysis import loadgen
-from analysis.errors import ServerStartError
+from analysis.errors import ServerLostError, ServerStartError
 from analysis.manifest import git_commit, package_versions, read_json, write_json, write_parquet
 from analysis.paths import results_dir
 
@@ -424,7 +424,13 @@ class VllmServer:
         """The server's cumulative prefix-cache (and related) counters from `/metrics`."""
         status, body = _http(f"{self.base_url}/metrics", timeout_s=10.0)
         if status != 200:
-            raise RuntimeError(f"GET {self.base_url}/metrics answered {status}")
+            returncode = self._proc.poll() if self._proc is not None else None
+            what = f"exited with status {returncode}" if returncode is not None else "stopped"
+            raise ServerLostError(
+                f"vLLM server for {self.config.model} on port {self.port} {what} during the "
+                f"benchmark (GET /metrics answered {status}; log: {self.log_path}); finished "
+                "runs are kept: run again to do the rest"
+            )
         return loadgen.parse_prometheus(body.decode(errors="replace"))
 
     def reset_prefix_cache(self, attempts: int = 10) -> bool:
