@@ -335,7 +335,7 @@ def test_cli_runs_once_then_reuses_and_forces(tmp_path, capsys):
     assert main(argv) == 0
     first = capsys.readouterr().out
     assert "first-prefill hit rate" in first and "written:" in first
-    folders = list((tmp_path / "results").iterdir())
+    folders = [p for p in (tmp_path / "results").iterdir() if not p.name.startswith(".")]
     assert len(folders) == 1 and is_complete(folders[0])
     assert folders[0].name.startswith("tiny-replay-b16-n300-cl2-")
     assert main(argv) == 0
