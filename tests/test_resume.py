@@ -210,6 +210,58 @@ def test_two_processes_writing_one_result_folder_leave_one_whole_result(tmp_path
     assert not leftovers  # no staging or set-aside folder left behind
 
 
+# Writer A pauses inside its swap (old folder moved aside, its own not yet in place) while
+# writer B writes: without turns, B puts its folder in the gap and A's rename then fails.
+PAUSED_WRITER = """
+import pathlib, sys, time
+from analysis.engines import RunResult
+source, target, tag, pause = sys.argv[1:5]
+original = pathlib.Path.rename
+def slow_rename(self, other):
+    if ".partial-" in self.name:
+        time.sleep(float(pause))
+    return original(self, other)
+pathlib.Path.rename = slow_rename
+result = RunResult.read(pathlib.Path(source))
+result.manifest["writer"] = tag
+result.write(pathlib.Path(target))
+"""
+
+
+@pytest.mark.engine
+def test_a_writer_paused_mid_swap_does_not_break_another(tmp_path):
+    from analysis.engines import RunConfig, RunResult, run
+
+    config = RunConfig(
+        trace="synthetic", engine="replay", block_size=16, num_blocks=300, max_model_len=2048
+    )
+    source = run(synthetic_trace(6, seed=24), config, progress=False).write(tmp_path / "source")
+    target = tmp_path / "results" / "one-point"
+    RunResult.read(source).write(target)  # an earlier result: both writers replace it
+    env = os.environ | {"PYTHONPATH": str(SRC)}
+    slow = subprocess.Popen(
+        [sys.executable, "-c", PAUSED_WRITER, str(source), str(target), "A", "8"],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 120
+    while target.exists() and time.time() < deadline:  # A has moved the old folder aside
+        time.sleep(0.05)
+    assert not target.exists()
+    fast = subprocess.run(
+        [sys.executable, "-c", PAUSED_WRITER, str(source), str(target), "B", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    _, slow_err = slow.communicate(timeout=300)
+    assert slow.returncode == 0, slow_err[-2000:]
+    assert fast.returncode == 0, fast.stderr[-2000:]
+    assert RunResult.read(target).manifest["writer"] == "B"  # B waited its turn, then won
+
+
 FIGURES = """
 import sys
 import matplotlib
