@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from analysis.chat_template import render
+from analysis.chat_template import DEFAULT, ChatTemplate
 
 # Seed 002's request: Qwen's default system prompt and a short Chinese essay request.
 SEED_002_MESSAGES = (
@@ -22,12 +22,20 @@ SEED_002_MESSAGES = (
 )
 
 
-def chat_prompt_ids(messages: Sequence[dict[str, str]], tokenizer=None) -> np.ndarray:
-    """Token ids of a chat prompt (Llama 3 template, generation header included)."""
+# Seed 002's log: "Avg prompt throughput: 4.0 tokens/s" over each 10 s interval that admitted one
+# request, so its prompt had 35-44 tokens (4.0 is printed to one decimal); 40 is the middle.
+SEED_002_PROMPT_TOKENS = 40
+SEED_002_LOGGED_RATES = (0.0, 50.0, 66.7, 75.0, 80.0, 83.3, 85.7)  # %, one per request
+
+
+def chat_prompt_ids(
+    messages: Sequence[dict[str, str]], tokenizer=None, template: ChatTemplate = DEFAULT
+) -> np.ndarray:
+    """Token ids of a chat prompt (Llama 3.2 template by default, generation header included)."""
     from analysis.tokenizer import load_tokenizer
 
     tokenizer = tokenizer or load_tokenizer()
-    ids = tokenizer.encode(render(list(messages)), add_special_tokens=False).ids
+    ids = tokenizer.encode(template.render(list(messages)), add_special_tokens=False).ids
     return np.asarray(ids, dtype=np.int32)
 
 
