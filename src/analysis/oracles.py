@@ -189,3 +189,58 @@ def plain_sharegpt_counts(path: str | Path) -> dict[str, int]:
         user_turns += turns
         with_user += turns > 0
     return {"records": records, "records_with_user_turn": with_user, "user_turns": user_turns}
+
+
+# ----------------------------------------------------------------------------- sweep points
+
+
+def sample_ideal_hits(trace: pd.DataFrame, point: pd.Series) -> tuple[int, int]:
+    """(ideal hit tokens, prompt tokens) of one sweep point's sample by brute force: the first
+    `limit` conversations, prompts that fit `max_model_len`, replies cached when recorded."""
+    from analysis.experiments import first_conversations
+
+    sample = trace if pd.isna(point["limit"]) else first_conversations(trace, int(point["limit"]))
+    sample = sample[sample["prompt_tokens"] < int(point["max_model_len"])]
+    responses = sample["response_ids"] if point["outputs"] == "recorded" else None
+    hits = brute_force_hits(sample["prompt_ids"], int(point["block_size"]), responses)
+    return int(hits.sum()), int(sample["prompt_tokens"].sum())
+
+
+def check_sweep_points(
+    points: pd.DataFrame, checks: Checks, traces: dict[str, pd.DataFrame]
+) -> None:
+    """The claims every hit-rate notebook rests on, for each group of sweep points:
+    exported (vLLM's counters) = first-prefill at every point; first-prefill <= the
+    brute-force ideal at every point, and = it at the roomiest point when nothing there was
+    preempted; all-prefill = first-prefill wherever nothing was preempted.
+    `traces`: the trace frames by name (the points' `trace` column)."""
+    capped = points["max_output_tokens"].notna() if "max_output_tokens" in points else False
+    usable = points[~capped] if isinstance(capped, pd.Series) else points
+    checks.add(
+        f"exported = first-prefill at all {len(points)} points",
+        len(points),
+        int((points["exported_rate"] == points["first_prefill_rate"]).sum()),
+    )
+    quiet = points[points["preemptions"] == 0]
+    checks.add(
+        f"all-prefill = first-prefill at the {len(quiet)} points without preemption",
+        len(quiet),
+        int((quiet["all_prefill_hits"] == quiet["first_prefill_hits"]).sum()),
+    )
+    keys = ["trace", "limit", "block_size", "outputs", "max_model_len"]
+    for key, group in usable.groupby(keys, dropna=False, sort=False):
+        ideal, _ = sample_ideal_hits(traces[key[0]], group.iloc[0])
+        label = f"{key[0]} B={key[2]} {key[3]}"
+        checks.add(
+            f"{label}: first-prefill hits <= brute-force ideal at {len(group)} points",
+            True,
+            bool((group["first_prefill_hits"] <= ideal).all()),
+        )
+        roomiest = group.loc[group["num_blocks"].idxmax()]
+        if roomiest["preemptions"] == 0 and roomiest["engine"] == "replay":
+            checks.add(
+                f"{label}: first-prefill = brute-force ideal at {int(roomiest['num_blocks']):,} "
+                "blocks (no preemption)",
+                ideal,
+                int(roomiest["first_prefill_hits"]),
+            )
