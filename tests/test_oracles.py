@@ -68,9 +68,23 @@ def test_closed_forms_give_seed_002():
 
 def test_plain_sharegpt_counts_reads_whole_records_of_a_cut_file(tmp_path):
     records = [
-        {"id": "a", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt"}]},
+        {
+            "id": "a",
+            "conversations": [
+                {"from": "human", "value": "hi"},
+                {"from": "gpt"},
+                {"from": "human", "value": " "},
+            ],
+        },
         {"id": "b", "conversations": [{"from": "gpt", "value": "only a reply"}]},
-        {"id": "c", "conversations": [{"from": "human"}, {"from": "gpt"}, {"from": "human"}]},
+        {
+            "id": "c",
+            "conversations": [
+                {"from": "human", "value": "a"},
+                {"from": "gpt"},
+                {"from": "human", "value": "b"},
+            ],
+        },
     ]
     text = json.dumps(records)
     path = tmp_path / "cut.json"

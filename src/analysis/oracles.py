@@ -184,7 +184,9 @@ def plain_sharegpt_counts(path: str | Path) -> dict[str, int]:
             break  # the cut tail
         records += 1
         turns = sum(
-            1 for m in record.get("conversations") or [] if m.get("from") in ("human", "user")
+            1
+            for m in record.get("conversations") or []
+            if m.get("from") in ("human", "user") and str(m.get("value") or "").strip()
         )
         user_turns += turns
         with_user += turns > 0
