@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from analysis import oracles
@@ -107,3 +108,43 @@ def test_vllm_refuses_one_block_fewer_than_the_minimum():
     assert oracles.vllm_refusal(2048, 32, 65) is None
     message = oracles.vllm_refusal(2048, 32, 64)
     assert message is not None and "max seq len (2048)" in message
+
+
+def _points(first_hits: int, exported_rate: float) -> pd.DataFrame:
+    row = {
+        "trace": "t",
+        "limit": np.nan,
+        "block_size": 16,
+        "outputs": "recorded",
+        "max_model_len": 8192,
+        "max_output_tokens": np.nan,
+        "num_blocks": 1000,
+        "engine": "replay",
+        "preemptions": 0,
+        "first_prefill_hits": first_hits,
+        "all_prefill_hits": first_hits,
+        "first_prefill_rate": first_hits / 120,
+        "exported_rate": exported_rate,
+    }
+    return pd.DataFrame([row])
+
+
+def test_check_sweep_points_holds_for_the_ideal_and_fails_otherwise():
+    prompt = list(range(40))
+    trace = pd.DataFrame(
+        {
+            "conversation_id": ["a", "b", "c"],
+            "prompt_ids": [prompt, prompt, prompt],
+            "response_ids": [[], [], []],
+            "prompt_tokens": [40, 40, 40],
+        }
+    )
+    good = oracles.Checks()
+    oracles.check_sweep_points(_points(64, 64 / 120), good, {"t": trace})
+    assert all(c.holds for c in good.items)
+    too_many = oracles.Checks()  # more hits than an infinite cache allows
+    oracles.check_sweep_points(_points(80, 80 / 120), too_many, {"t": trace})
+    assert not all(c.holds for c in too_many.items)
+    exported_differs = oracles.Checks()
+    oracles.check_sweep_points(_points(64, 0.9), exported_differs, {"t": trace})
+    assert [c.holds for c in exported_differs.items].count(False) == 1

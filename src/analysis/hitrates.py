@@ -123,9 +123,10 @@ def windowed(admissions: pd.DataFrame, window: int = VLLM_LOG_WINDOW) -> pd.Data
 def cumulative(admissions: pd.DataFrame) -> pd.DataFrame:
     """Running first-prefill rate after each first admission, in admission order.
 
-    With fewer than 1000 requests this is also what vLLM logs. Six identical prompts of L
+    With fewer than 1000 requests this is also what vLLM logs. n identical prompts of L
     tokens at block size B give hits 0, h, h, ... with h = floor((L-1)/B)*B, so the rate
-    after k requests is (k-1)*h / (k*L): seed 002's 0, 1/2, 2/3, ... when h is close to L.
+    after k requests is (k-1)*h / (k*L), below seed 002's exact (k-1)/k, which is the
+    block-counted metric of vLLM before PR #18003 (`legacy_cumulative`).
     """
     first = _first(admissions)
     hits = first["tokens_hit"].cumsum().to_numpy()
