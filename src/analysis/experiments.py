@@ -116,12 +116,6 @@ def seed_001_filter(trace: pd.DataFrame, max_tokens: int = 800, min_turns: int =
     return trace[keep].reset_index(drop=True)
 
 
-def first_conversations(trace: pd.DataFrame, count: int) -> pd.DataFrame:
-    """The rows of the first `count` conversations of a trace (in trace order)."""
-    chosen = pd.unique(trace["conversation_id"])[:count]
-    return trace[trace["conversation_id"].isin(chosen)].reset_index(drop=True)
-
-
 SEED_001_LENGTH_BINS = {
     "0-200": 35.0,
     "200-400": 25.0,

@@ -199,9 +199,9 @@ def plain_sharegpt_counts(path: str | Path) -> dict[str, int]:
 def sample_ideal_hits(trace: pd.DataFrame, point: pd.Series) -> tuple[int, int]:
     """(ideal hit tokens, prompt tokens) of one sweep point's sample by brute force: the first
     `limit` conversations, prompts that fit `max_model_len`, replies cached when recorded."""
-    from analysis.experiments import first_conversations
+    from analysis.engines.workload import limit_trace
 
-    sample = trace if pd.isna(point["limit"]) else first_conversations(trace, int(point["limit"]))
+    sample = limit_trace(trace, None if pd.isna(point["limit"]) else int(point["limit"]))
     sample = sample[sample["prompt_tokens"] < int(point["max_model_len"])]
     responses = sample["response_ids"] if point["outputs"] == "recorded" else None
     hits = brute_force_hits(sample["prompt_ids"], int(point["block_size"]), responses)
