@@ -232,7 +232,6 @@ class ChatTemplate:
 
 
 DEFAULT = ChatTemplate()
-LLAMA3 = ChatTemplate("llama3")
 
 
 def render(messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
