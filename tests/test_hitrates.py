@@ -184,3 +184,33 @@ def test_windowed_equals_vllm_caching_metrics():
         metrics.observe(stats)
     window = hitrates.windowed(admissions(rows))
     assert window["window_rate"].iloc[-1] == pytest.approx(metrics.hit_rate)
+
+
+def test_legacy_block_metric_counts_whole_blocks_of_every_admission():
+    """Pre-PR-#18003 V1: queries = full blocks (the last one dropped when the prompt fills it
+    exactly), hits = cached blocks, re-admissions included."""
+    table = admissions(
+        [
+            ("a/0", "a", 0, "first", 40, 0, 1),  # 2 full blocks + 8 tokens: 2 queried
+            ("b/0", "b", 0, "first", 48, 32, 2),  # 3 full blocks, last one popped: 2 queried
+            ("a/0", "a", 0, "readmission", 50, 48, 3),  # 3 queried, 3 hit
+        ]
+    )
+    counted = hitrates.legacy_block_counts(table, 16)
+    assert counted["blocks_queried"].tolist() == [2, 2, 3]
+    assert counted["blocks_hit"].tolist() == [0, 2, 3]
+    assert hitrates.legacy_block_rate(table, 16) == hitrates.Rate(5, 7)
+    with pytest.raises(ValueError, match="block_size"):
+        hitrates.legacy_block_counts(table, 0)
+
+
+def test_legacy_metric_gives_seed_002_exactly_where_tokens_do_not():
+    """Seven identical 40-token prompts at block size 16 (seed 002: about 40 prompt tokens per
+    request): blocks give 0, 1/2, 2/3, ..., 6/7; tokens give 0, 32/80, 64/120, ..."""
+    rows = [(f"r{i}/0", f"r{i}", 0, "first", 40, 0 if i == 0 else 32, i + 1) for i in range(7)]
+    table = admissions(rows)
+    legacy = hitrates.legacy_cumulative(table, 16)["cumulative_rate"].to_numpy()
+    assert np.allclose(legacy, [k / (k + 1) for k in range(7)])
+    tokens = hitrates.cumulative(table)["cumulative_rate"].to_numpy()
+    assert np.allclose(tokens, [k * 32 / ((k + 1) * 40) for k in range(7)])
+    assert not np.allclose(tokens, legacy)

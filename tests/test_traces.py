@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from analysis.chat_template import LLAMA3_CHAT_TEMPLATE, header, message_body, render
+from analysis.chat_template import LLAMA32_CHAT_TEMPLATE, ChatTemplate, header, message_body, render
 from analysis.commands import traces as traces_command
 from analysis.errors import AnalysisError
 from analysis.manifest import file_sha256
@@ -93,22 +93,90 @@ def words(n: int) -> str:
 # ----------------------------------------------------------------------------- template
 
 
-def test_template_equals_transformers_apply_chat_template(sample):
+ODD_CHATS = [
+    [{"role": "user", "content": "  spaces, tabs\t and a trailing newline\n"}],
+    [
+        {"role": "system", "content": "\n Be brief.  "},
+        {"role": "user", "content": "Ünïcödé 你好 🙂 <b>html</b> {{ not jinja }} {% raw %}"},
+        {"role": "assistant", "content": "A reply that mentions <|eot_id|> as text."},
+        {"role": "user", "content": "\r\nwindows line ends\r\n"},
+    ],
+    [{"role": "system", "content": ""}, {"role": "user", "content": "empty system message"}],
+]
+
+
+def reference_renderer(jinja: str):
+    """transformers' own renderer over a reference Jinja text (the oracle for our Python)."""
     from transformers import PreTrainedTokenizerFast
 
-    hf = PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(
         tokenizer_file=str(packaged_tokenizer_file()),
         bos_token="<|begin_of_text|>",
-        chat_template=LLAMA3_CHAT_TEMPLATE,
+        chat_template=jinja,
     )
+
+
+@pytest.mark.parametrize(
+    "template", [ChatTemplate(), ChatTemplate(date="01 Feb 2025"), ChatTemplate("llama3")]
+)
+def test_template_equals_transformers_apply_chat_template(sample, template):
+    """Byte for byte, on real multi-turn conversations and on odd texts, against the reference
+    Jinja (Llama 3.2's as published, with the date passed the way a renderer would)."""
+    hf = reference_renderer(template.jinja)
+    chats = ODD_CHATS + [
+        chat(conversation, position + 1)
+        for conversation in sample
+        for position in user_positions(conversation)
+    ]
     checked_system = 0
-    for conversation in sample:
-        for position in user_positions(conversation):
-            messages = chat(conversation, position + 1)
-            expected = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            assert render(messages) == expected
-            checked_system += messages[0]["role"] == "system"
+    for messages in chats:
+        expected = hf.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, date_string=template.date
+        )
+        assert template.render(messages) == expected
+        checked_system += messages[0]["role"] == "system"
     assert checked_system > 0
+
+
+def test_the_engine_template_states_the_fixed_date():
+    """What an engine serves (no date passed, the clock available) equals the trace's text."""
+    template = ChatTemplate(date="03 Mar 2025")
+    hf = reference_renderer(template.engine_jinja())
+    for messages in ODD_CHATS:
+        rendered = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        assert rendered == template.render(messages)
+        assert "Today Date: 03 Mar 2025\n\n" in rendered
+
+
+def test_llama32_system_block_is_shared_and_dated():
+    """Every Llama 3.2 prompt opens with the same system block (the cache can share it), and
+    the block changes with the date (yesterday's cached prompts stop matching)."""
+    one = render([{"role": "user", "content": "a"}])
+    other = render([{"role": "user", "content": "b"}])
+    block = "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n<|eot_id|>"
+    assert block in one and block in other
+    assert ChatTemplate(date="27 Jul 2024").render([{"role": "user", "content": "a"}]) != one
+    assert ChatTemplate("llama3").render([{"role": "user", "content": "a"}]).count("system") == 0
+    assert LLAMA32_CHAT_TEMPLATE.startswith("{{- bos_token }}")
+
+
+@pytest.mark.parametrize("bad", ["2024-07-26", "26 July 2024", "6 Jul 2024", ""])
+def test_template_date_must_be_written_like_the_template(bad):
+    with pytest.raises(ValueError, match="template date"):
+        ChatTemplate(date=bad)
+    with pytest.raises(ValueError, match="template must be one of"):
+        ChatTemplate("llama3.1")
+
+
+def test_llama3_option_traces_tokenise_the_llama3_render(sample, tokenizer):
+    options = TraceOptions(template="llama3")
+    traces = build_traces(sample[:10], options, tokenizer, progress=False)
+    by_id = {c.id: c for c in sample}
+    for row in traces.multi.itertuples(index=False):
+        conversation = by_id[row.conversation_id]
+        position = user_positions(conversation)[row.turn_index]
+        text = options.chat_template.render(chat(conversation, position + 1))
+        assert row.prompt_ids.tolist() == encode(tokenizer, text), row.request_id
 
 
 # ----------------------------------------------------------------------------- ids
@@ -375,7 +443,8 @@ def test_save_and_load_round_trip(tmp_path, sample, sample_traces, tokenizer):
     # the recorded template is the one the prompts were built with: its hash recomputed here,
     # and its text, rendered by transformers, tokenizes to the first request's prompt
     template = manifest["template"]
-    assert template["sha256"] == hashlib.sha256(template["jinja"].encode()).hexdigest()
+    digest = hashlib.sha256(f"{template['jinja']}\0{template['date']}".encode()).hexdigest()
+    assert template["sha256"] == digest
     from transformers import PreTrainedTokenizerFast
 
     hf = PreTrainedTokenizerFast(
@@ -387,7 +456,10 @@ def test_save_and_load_round_trip(tmp_path, sample, sample_traces, tokenizer):
     conversation = next(c for c in sample if c.id == last["conversation_id"])
     upto = user_positions(conversation)[last["turn_index"]] + 1
     rendered = hf.apply_chat_template(
-        chat(conversation, upto), tokenize=False, add_generation_prompt=True
+        chat(conversation, upto),
+        tokenize=False,
+        add_generation_prompt=True,
+        date_string=template["date"],
     )
     assert encode(tokenizer, rendered) == last["prompt_ids"].tolist()
     assert manifest["source"] == {"note": "test"}

@@ -126,9 +126,10 @@ def windowed(admissions: pd.DataFrame, window: int = VLLM_LOG_WINDOW) -> pd.Data
 def cumulative(admissions: pd.DataFrame) -> pd.DataFrame:
     """Running first-prefill rate after each first admission, in admission order.
 
-    With fewer than 1000 requests this is also what vLLM logs. Six identical prompts of L
+    With fewer than 1000 requests this is also what vLLM logs. n identical prompts of L
     tokens at block size B give hits 0, h, h, ... with h = floor((L-1)/B)*B, so the rate
-    after k requests is (k-1)*h / (k*L): seed 002's 0, 1/2, 2/3, ... when h is close to L.
+    after k requests is (k-1)*h / (k*L), below seed 002's exact (k-1)/k, which is the
+    block-counted metric of vLLM before PR #18003 (`legacy_cumulative`).
     """
     first = _first(admissions)
     hits = first["tokens_hit"].cumsum().to_numpy()
@@ -144,6 +145,44 @@ def cumulative(admissions: pd.DataFrame) -> pd.DataFrame:
             ),
         }
     )
+
+
+def legacy_block_counts(admissions: pd.DataFrame, block_size: int) -> pd.DataFrame:
+    """Each admission as vLLM V1 counted it before PR #18003 (May 2025): in whole blocks.
+
+    `KVCacheManager.get_computed_blocks` then did `queries += len(block_hashes)` and
+    `hits += len(computed_blocks)` for every admission from the waiting queue (re-admissions
+    included). `block_hashes` holds full blocks only, so a partial last block never entered the
+    denominator; when the request filled its last block exactly, that block's hash was popped
+    first (its last token must be recomputed), so it left the denominator too. Adds
+    `blocks_queried` and `blocks_hit` to a copy of `admissions`.
+    """
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    frame = admissions.copy()
+    tokens = frame["tokens_queried"].to_numpy(dtype=np.int64)
+    full = tokens // block_size
+    frame["blocks_queried"] = full - (tokens % block_size == 0) * (full > 0)
+    frame["blocks_hit"] = frame["tokens_hit"].to_numpy(dtype=np.int64) // block_size
+    return frame
+
+
+def legacy_block_rate(admissions: pd.DataFrame, block_size: int) -> Rate:
+    """The pre-PR-#18003 V1 hit rate (blocks, every admission) over a run's admissions."""
+    counted = legacy_block_counts(admissions, block_size)
+    return Rate(int(counted["blocks_hit"].sum()), int(counted["blocks_queried"].sum()))
+
+
+def legacy_cumulative(admissions: pd.DataFrame, block_size: int) -> pd.DataFrame:
+    """Running pre-PR-#18003 rate after each admission, in admission order: what that vLLM
+    logged as "Prefix cache hit rate" while fewer than 1000 requests had run."""
+    counted = legacy_block_counts(admissions, block_size)
+    hits = counted["blocks_hit"].cumsum().to_numpy()
+    queries = counted["blocks_queried"].cumsum().to_numpy()
+    counted["cumulative_rate"] = np.divide(
+        hits, queries, out=np.zeros(len(counted)), where=queries > 0
+    )
+    return counted[["request_id", "step", "blocks_hit", "blocks_queried", "cumulative_rate"]]
 
 
 def _grouped(admissions: pd.DataFrame, key: str) -> pd.DataFrame:

@@ -1,9 +1,11 @@
 """Request traces from conversations: the token ids an engine replays, turn by turn.
 
-Multi-turn trace: every user turn is a request whose prompt is the Llama 3 chat template over all
-earlier messages (recorded assistant replies included) plus this user message, ending with the
-assistant header. The request also carries the recorded reply's ids followed by `<|eot_id|>`, so
-that prompt[k] + response[k] is a prefix of prompt[k + 1] (teacher-forced replay).
+Multi-turn trace: every user turn is a request whose prompt is the chat template (Llama 3.2
+Instruct's by default, with its system block and a fixed date; Llama 3.0's as an option: see
+`analysis.chat_template`) over all earlier messages (recorded assistant replies included) plus
+this user message, ending with the assistant header. The request also carries the recorded
+reply's ids followed by `<|eot_id|>`, so that prompt[k] + response[k] is a prefix of
+prompt[k + 1] (teacher-forced replay).
 
 Single-turn trace: one independent request per conversation, either its first turn (`"first"`)
 or one turn drawn at random (`"sampled"`, seeded) with the earlier messages removed. A system
@@ -36,7 +38,6 @@ Arrival modes (closed loop, rates) belong to the run configuration, not to the t
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Sequence
@@ -49,10 +50,11 @@ import pandas as pd
 
 from analysis.chat_template import (
     BOS,
+    DEFAULT_DATE,
+    DEFAULT_TEMPLATE,
     EOT,
-    LLAMA3_CHAT_TEMPLATE,
+    ChatTemplate,
     header,
-    message_body,
 )
 from analysis.errors import TraceError
 from analysis.manifest import file_sha256
@@ -75,8 +77,7 @@ POLICIES = ("exclude", "truncate")
 SINGLE_TURN_MODES = ("first", "sampled")
 TRACE_NAMES = ("multi_turn", "single_turn")
 MANIFEST_NAME = "manifest.json"
-FORMAT_VERSION = 1  # bump when the same inputs would give different traces
-TEMPLATE_NAME = "llama3"
+FORMAT_VERSION = 2  # bump when the same inputs would give different traces
 
 TRACE_COLUMNS = (
     "request_id",
@@ -102,8 +103,11 @@ class TraceOptions:
     max_conversations: int | None = None  # the first N conversations only
     tokenizer: str | None = None  # None: the packaged Llama 3.2; a tokenizer.json path; a hub id
     arrival_interval_s: float = 1.0  # synthetic timestamps: row i arrives at i * this
+    template: str = DEFAULT_TEMPLATE  # "llama3.2" (system block with a date) | "llama3"
+    template_date: str = DEFAULT_DATE  # Llama 3.2's "Today Date", e.g. "26 Jul 2024"
 
     def __post_init__(self) -> None:
+        ChatTemplate(self.template, self.template_date)  # validates both
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         if self.single_turn not in SINGLE_TURN_MODES:
@@ -118,6 +122,10 @@ class TraceOptions:
             raise ValueError(f"max_conversations must be >= 0, got {self.max_conversations}")
         if self.arrival_interval_s < 0:
             raise ValueError(f"arrival_interval_s must be >= 0, got {self.arrival_interval_s}")
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        return ChatTemplate(self.template, self.template_date)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -208,7 +216,8 @@ class _Plan:
 class _SegmentTable:
     """Distinct (role, text) pairs, each rendered as header + body, to be tokenised once."""
 
-    def __init__(self) -> None:
+    def __init__(self, template: ChatTemplate) -> None:
+        self.template = template
         self.index: dict[tuple[str, str], int] = {}
         self.texts: list[str] = []
         self.roles: list[str] = []
@@ -219,7 +228,7 @@ class _SegmentTable:
         if found is None:
             found = len(self.texts)
             self.index[key] = found
-            self.texts.append(header(role) + message_body(text))
+            self.texts.append(self.template.segment(role, text))
             self.roles.append(role)
         return found
 
@@ -284,7 +293,7 @@ def _plan(
 ) -> tuple[list[_Plan], _SegmentTable, dict[str, int]]:
     limit = options.max_conversations
     chosen = conversations if limit is None else conversations[:limit]
-    table = _SegmentTable()
+    table = _SegmentTable(options.chat_template)
     plans: list[_Plan] = []
     skipped_min_turns = 0
     for conversation in chosen:
@@ -295,8 +304,8 @@ def _plan(
             continue
         segments: list[int] = []
         roles: list[str] = []
-        if conversation.system is not None:
-            segments.append(table.add("system", conversation.system))
+        if conversation.system is not None or table.template.has_system_block:
+            segments.append(table.add("system", conversation.system or ""))
             roles.append("system")
         for message in messages:
             segments.append(table.add(message.role, message.text))
@@ -558,9 +567,9 @@ def _single_turn_choice(plans: list[_Plan], options: TraceOptions) -> list[int]:
 # ----------------------------------------------------------------------------- saving, loading
 
 
-def template_info() -> dict[str, str]:
-    digest = hashlib.sha256(LLAMA3_CHAT_TEMPLATE.encode()).hexdigest()
-    return {"name": TEMPLATE_NAME, "sha256": digest, "jinja": LLAMA3_CHAT_TEMPLATE}
+def template_info(options: TraceOptions | None = None) -> dict[str, str | None]:
+    """The template a trace was rendered with: name, date (Llama 3.2), hash, Jinja text."""
+    return (options or TraceOptions()).chat_template.info()
 
 
 def build_request(
@@ -575,7 +584,7 @@ def build_request(
         "data": data,
         "parameters": options.to_dict(),
         "tokenizer_sha256": tokenizer.sha256,
-        "template_sha256": template_info()["sha256"],
+        "template_sha256": template_info(options)["sha256"],
     }
 
 
@@ -729,7 +738,7 @@ def save_traces(
         "counts": trace_set.counts,
         "parameters": trace_set.options.to_dict(),
         "tokenizer": trace_set.tokenizer.to_dict(),
-        "template": template_info(),
+        "template": template_info(trace_set.options),
         "seconds": {**trace_set.seconds, "save": round(time.perf_counter() - started, 3)},
         "package_versions": package_versions(),
         "git_commit": git_commit(),
