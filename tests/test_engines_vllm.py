@@ -105,6 +105,10 @@ def test_identical_prompts_on_the_real_engine():
     # and vLLM's own LoggingStatLogger, fed by the engine, shows it too
     assert real.counters["logger_window_hit_rate"] == pytest.approx(rates[-1])
     assert_same_accounting(real, replayed)
+    # a CPU resolves Model Runner V1, so the recorded replies are forced by the logits processor
+    engine = real.manifest["engine"]
+    assert (engine["model_runner"], engine["forcing"]) == ("v1", "logits-processor")
+    assert engine["forced_output_mismatches"] == 0
 
 
 def test_real_sharegpt_sample_on_both_engines():

@@ -6,6 +6,9 @@
 - `async_scheduling=False`: one `schedule()` and one `update_from_output()` per step, so a
   closed-loop client's next turn arrives at the same step boundary in both engines.
 - `disable_log_stats=False`: the stat loggers (and so the exported counters) are on.
+
+A registered shape (analysis.model_shapes, e.g. `llama-3.1-8b`) is a real architecture with
+random weights: its folder is written on first use and vLLM loads it with `load_format="dummy"`.
 """
 
 from __future__ import annotations
@@ -20,7 +23,12 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 def resolve_model(config: RunConfig) -> str:
-    """The model folder or name: the local random Llama (built on first use) by default."""
+    """The model folder or name: the local random Llama (built on first use) by default, a
+    registered shape's folder (analysis.model_shapes, written on first use) for a shape name."""
+    from analysis import model_shapes
+
+    if model_shapes.is_shape(config.model):
+        return str(model_shapes.materialise(config.model))
     if config.model is not None:
         return config.model
     from analysis.models import TINY, ensure_random_llama
@@ -45,7 +53,26 @@ def engine_kwargs(config: RunConfig, model: str) -> dict[str, Any]:
     }
     if config.max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
+    fmt = kwargs_load_format(config, model)
+    if fmt is not None:
+        kwargs["load_format"] = fmt
     return kwargs
+
+
+def kwargs_load_format(config: RunConfig, model: str) -> str | None:
+    """ "dummy" (random weights) for a registered shape, else None (vLLM's own default)."""
+    from analysis.model_shapes import load_format
+
+    return load_format(config.model) or load_format(model)
+
+
+def weights_note(config: RunConfig, model: str) -> str:
+    """What the manifest says about the weights the engine ran with."""
+    if kwargs_load_format(config, model) is not None:
+        return "random (registered shape, load_format='dummy')"
+    if config.model is None:
+        return "random (the local random-weight Llama)"
+    return "loaded from the model"
 
 
 def model_shape(model: str) -> dict[str, Any]:
