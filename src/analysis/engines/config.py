@@ -38,7 +38,7 @@ class RunConfig:
 
     trace: str = "multi_turn"  # a trace name under data/traces/ or a path to a .parquet file
     engine: str = "replay"  # "replay" (vLLM's scheduler without a model) or "vllm" (real LLM)
-    model: str | None = None  # None: the local random-weight Llama (analysis.models.TINY)
+    model: str | None = None  # None: the local random Llama (TINY); a shape name: model_shapes
     block_size: int = 16  # tokens per KV block
     num_blocks: int = 1024  # KV cache capacity in blocks (block 0 is vLLM's null block)
     max_model_len: int = 8192
@@ -169,8 +169,9 @@ def validate(config: RunConfig, *, check_environment: bool = True) -> None:
             )
         if config.device == "cuda" and config.model is None:
             raise ConfigError(
-                "the GPU engine needs a real model: name one with --model "
-                "(for example meta-llama/Llama-3.2-1B-Instruct)"
+                "the GPU engine needs a real-size model: name one with --model, a registered "
+                "shape with random weights (llama-3.2-1b, llama-3.1-8b, qwen2.5-7b) or a model "
+                "folder or hub name"
             )
     if check_environment:
         check_environment_for(config)
