@@ -60,6 +60,13 @@ nbval: setup ## re-execute the committed notebooks and compare their outputs
 	$(VENV)/bin/pytest --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg \
 	  --nbval-cell-timeout 1200 -p no:cacheprovider notebooks
 
+# A GPU machine set up with `make setup VARIANT=gpu` keeps its CUDA environment here.
+GPU_CHECK_STAMP := $(if $(wildcard $(VENV)/.installed-gpu),$(VENV)/.installed-gpu,$(STAMP))
+
+.PHONY: gpu-check
+gpu-check: $(GPU_CHECK_STAMP) ## prove a GPU: real engine = replay per point, then TTFT on an 8B shape
+	$(PY) -m analysis gpu-check
+
 .PHONY: bench
 bench: traces ## time the heavy paths and print ratios measured in one run
 	$(PY) bench/run.py
