@@ -32,7 +32,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--engine", choices=ENGINES, default=d.engine)
     parser.add_argument(
-        "--model", default=None, help="model for the vllm engine (default: local random Llama)"
+        "--model",
+        default=None,
+        help="model for the vllm engine: a registered shape with random weights (llama-3.2-1b, "
+        "llama-3.1-8b, qwen2.5-7b), a folder or a hub name (default: local random Llama)",
     )
     parser.add_argument("--block-size", type=int, default=d.block_size)
     parser.add_argument("--num-blocks", type=int, default=d.num_blocks)
