@@ -94,3 +94,28 @@ def test_replay_runs_on_the_1b_shape_as_on_the_default_model(root):
     assert shaped.summary["first_prefill"]["queries"] > 0
     for key in ("first_prefill", "all_prefill", "preemptions"):
         assert shaped.summary[key] == default.summary[key], key
+
+
+@pytest.mark.engine
+def test_the_real_cpu_engine_runs_the_1b_shape_with_random_weights():
+    """End to end: vLLM builds the 1B architecture without a weight file, forces the recorded
+    replies, counts as replay does, and the manifest says the weights were random (~1-2 min)."""
+    from analysis.engines.synthetic import identical_requests
+
+    trace = identical_requests(3, 100, reply_tokens=4)
+    config = RunConfig(
+        trace="t",
+        engine="vllm",
+        model="llama-3.2-1b",
+        block_size=32,
+        num_blocks=40,
+        max_model_len=1024,
+        concurrency=1,
+    )
+    real = run(trace, config, progress=False)
+    replayed = run(trace, config.with_(engine="replay"), progress=False)
+    engine = real.manifest["engine"]
+    assert engine["load_format"] == "dummy" and "random" in engine["weights"]
+    assert engine["forced_output_mismatches"] == 0
+    assert real.summary["first_prefill"] == replayed.summary["first_prefill"]
+    assert real.summary["first_prefill"]["hits"] == 2 * (99 // 32 * 32)
