@@ -138,6 +138,8 @@ def run_engine_points(
                 forced_output_mismatches=engine["forced_output_mismatches"],
             )
         row["verdict"] = verdict(replayed, real)
+        if row.get("forced_output_mismatches"):  # the engine did not emit the recorded replies
+            row["verdict"] = "DIFFERENT"
         say(_point_line(point.name, replayed, real, row["verdict"]))
         rows.append(row)
     return pd.DataFrame(rows)
@@ -283,6 +285,9 @@ def check(
     cuda = cuda_visible() if cuda is None else cuda
     if not cuda:
         say("no CUDA GPU visible: running the replay half only (the real engine needs a GPU)")
+    else:
+        info = machine()
+        say(f"{info.get('gpu')}, driver {info.get('driver')}, vLLM {info.get('vllm')}")
     points = engine_points()
     if only:
         unknown = sorted(set(only) - {p.name for p in points})
