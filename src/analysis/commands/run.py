@@ -25,6 +25,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         OUTPUTS,
         RunConfig,
     )
+    from analysis.hardware import DTYPES
 
     d = RunConfig()
     parser.add_argument(
@@ -56,6 +57,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="only the first N conversations")
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--device", choices=DEVICES, default=d.device)
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=None,
+        help="model dtype (default: bfloat16 where the CPU computes it natively, else float32; "
+        "or $PREFIX_CACHE_LAB_DTYPE)",
+    )
     parser.add_argument("--hash-algo", choices=HASH_ALGOS, default=d.hash_algo)
     parser.add_argument(
         "--long-prompts",
@@ -96,6 +104,7 @@ def config_from_args(args: argparse.Namespace):
         hash_algo=args.hash_algo,
         long_prompts=args.long_prompts,
         fast_path=not args.no_fast_path,
+        dtype=args.dtype,
     )
 
 

@@ -74,12 +74,13 @@ def build_replay_engine(config: RunConfig, model: str) -> ReplayEngine:
         usage_context=UsageContext.LLM_CLASS
     )
     shape = model_shape(model) or {"num_layers": 2, "num_kv_heads": 4, "head_size": 64}
+    kv_dtype = getattr(torch, config.dtype or shape.get("dtype", "bfloat16"))
     layer_names = [f"model.layers.{i}.self_attn.attn" for i in range(shape["num_layers"])]
     spec = FullAttentionSpec(
         block_size=vllm_config.cache_config.block_size,
         num_kv_heads=shape["num_kv_heads"],
         head_size=shape["head_size"],
-        dtype=torch.bfloat16,
+        dtype=kv_dtype,
     )
     kv_cache_config = KVCacheConfig(
         num_blocks=config.num_blocks,

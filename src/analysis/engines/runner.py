@@ -341,6 +341,20 @@ def _counters(
     }
 
 
+def dtype_facts(config: RunConfig) -> dict[str, Any]:
+    """The dtype the run's model computed in, and why (by capability, asked for, the model's)."""
+    from analysis.engines.vllm_args import resolve_model
+    from analysis.hardware import choose_dtype
+    from analysis.models import folder_dtype
+
+    saved = folder_dtype(resolve_model(config))
+    if config.model is None or config.dtype is not None:
+        choice = choose_dtype(config.dtype).to_dict()
+    else:
+        choice = {"dtype": saved or "auto", "reason": "the named model's own (vLLM dtype=auto)"}
+    return {**choice, "model_folder_dtype": saved}
+
+
 def build_manifest(
     config: RunConfig,
     config_id: str,
@@ -349,6 +363,7 @@ def build_manifest(
     timings: dict[str, float],
     engine_sums: dict[str, int],
 ) -> dict[str, Any]:
+    from analysis.hardware import machine
     from analysis.manifest import git_commit, package_versions
 
     return {
@@ -356,6 +371,8 @@ def build_manifest(
         "config": config.to_dict(),
         "trace": trace_info,
         "engine": engine_facts,
+        "machine": machine().to_dict(),
+        "dtype": dtype_facts(config),
         "timings": timings,
         "checks": {"per_admission_sums_equal_prefix_cache_stats": engine_sums},
         "versions": package_versions(),

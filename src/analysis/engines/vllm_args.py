@@ -20,12 +20,13 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 def resolve_model(config: RunConfig) -> str:
-    """The model folder or name: the local random Llama (built on first use) by default."""
+    """The model folder or name: the local random Llama (built on first use, in
+    `config.dtype` or the dtype the CPU computes natively) by default."""
     if config.model is not None:
         return config.model
     from analysis.models import TINY, ensure_random_llama
 
-    return str(ensure_random_llama(TINY))
+    return str(ensure_random_llama(TINY, config.dtype))
 
 
 def engine_kwargs(config: RunConfig, model: str) -> dict[str, Any]:
@@ -45,6 +46,8 @@ def engine_kwargs(config: RunConfig, model: str) -> dict[str, Any]:
     }
     if config.max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
+    if config.dtype is not None:  # a named model is cast; the local one is already built so
+        kwargs["dtype"] = config.dtype
     return kwargs
 
 
@@ -63,17 +66,18 @@ def model_shape(model: str) -> dict[str, Any]:
     }
 
 
-def kv_bytes_per_block(model: str, block_size: int) -> int | None:
-    """Bytes of K and V for one block over all layers (None if the shape is unknown)."""
+def kv_bytes_per_block(model: str, block_size: int, dtype: str | None = None) -> int | None:
+    """Bytes of K and V for one block over all layers (None if the shape is unknown), in
+    `dtype` when the engine casts the model, else in the dtype the folder was saved in."""
     shape = model_shape(model)
     if not shape:
         return None
-    dtype_bytes = DTYPE_BYTES.get(shape["dtype"], 2)
+    dtype_bytes = DTYPE_BYTES.get(dtype or shape["dtype"], 2)
     return (
         2
         * shape["num_layers"]
         * shape["num_kv_heads"]
         * shape["head_size"]
         * block_size
-        * (dtype_bytes)
+        * dtype_bytes
     )
