@@ -85,8 +85,13 @@ sweep-inline: traces ## run every unfinished point of GRID in one process (no pe
 	$(PY) -m analysis sweep --grid $(GRID)
 
 .PHONY: report
-report: sweep-inline ## build traces, run the sweep, re-execute every notebook; figures + HTML report
-	@$(MAKE) --no-print-directory -j$(JOBS) sweep
+report: setup ## build traces, run the sweep, re-execute every notebook; figures + HTML report
+	@$(PY) -m analysis report --begin
+	@$(PY) -m analysis report --stage traces --run '$(MAKE) --no-print-directory traces'
+	@$(PY) -m analysis report --estimate --grid $(GRID)
+	@$(PY) -m analysis report --stage 'inline sweep' --run '$(MAKE) --no-print-directory sweep-inline'
+	@$(PY) -m analysis report --stage 'per-point notebook runs' \
+	  --run '$(MAKE) --no-print-directory -j$(JOBS) sweep'
 	$(PY) -m analysis report
 
 .PHONY: FORCE
