@@ -362,7 +362,7 @@ async def stream_completion(
 
 
 def _progress(total: int, desc: str, enabled: bool):
-    from tqdm.auto import tqdm
+    from analysis.progress import bar as tqdm
 
     return tqdm(total=total, desc=desc, disable=not enabled or not sys.stderr.isatty(), leave=False)
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -101,7 +103,8 @@ def ensure_random_llama(spec: RandomLlamaSpec = TINY, dtype: str | None = None) 
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.with_name(target.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
-    model.save_pretrained(staging, safe_serialization=True)
+    with _no_progress_bars():
+        model.save_pretrained(staging, safe_serialization=True)
     shutil.copy(tokenizer_dir() / "tokenizer.json", staging / "tokenizer.json")
     tok_config = json.loads((tokenizer_dir() / "tokenizer_config.json").read_text())
     tok_config["chat_template"] = DEFAULT_TEMPLATE.engine_jinja()
@@ -111,6 +114,23 @@ def ensure_random_llama(spec: RandomLlamaSpec = TINY, dtype: str | None = None) 
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
     return target
+
+
+@contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """transformers' "Writing model shards" bar, off unless a terminal shows it."""
+    from transformers.utils import logging as hf_logging
+
+    from analysis.progress import interactive
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    if not interactive():
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def folder_stamp(spec: RandomLlamaSpec, dtype: str) -> dict:

@@ -994,8 +994,9 @@ def _sweep_one_mode(config: PrefixSweepConfig, model: str, mode: str, progress: 
     emptied cache."""
     import gc
 
-    from tqdm.auto import tqdm
     from vllm import SamplingParams
+
+    from analysis.progress import bar as tqdm
 
     started = time.perf_counter()
     llm = _engine(config, model, mode)

@@ -33,7 +33,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from analysis import report_timings as timings
     from analysis.errors import UsageError
-    from analysis.report import execute, report_notebooks, to_html
+    from analysis.progress import interactive
+    from analysis.report import execute, progress_noise, report_notebooks, to_html
 
     if args.begin:
         timings.begin()
@@ -52,9 +53,11 @@ def main(args: argparse.Namespace) -> int:
             raise UsageError(f"no notebook matches {' '.join(args.notebooks)} in notebooks/")
     for notebook in notebooks:
         print(f"executing {notebook.name} ...", flush=True)
-        done = execute(notebook)
+        done = execute(notebook, progress=interactive())
         timings.record(f"notebook {notebook.stem}", done.seconds)
         print(f"  {notebook.name}: {timings.format_seconds(done.seconds)}", flush=True)
+        for noise in progress_noise(notebook):
+            print(f"  progress-bar noise in its stderr: {noise!r}", flush=True)
     if not args.no_html:
         started = time.perf_counter()
         index = to_html(report_notebooks())

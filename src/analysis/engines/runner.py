@@ -202,7 +202,7 @@ def _progress_bar(workload: Workload, config: RunConfig, progress: bool | None) 
         progress = sys.stderr.isatty()
     if not progress:
         return None
-    from tqdm.auto import tqdm
+    from analysis.progress import bar as tqdm
 
     total = sum(not s.skipped for s in workload.specs)
     return tqdm(total=total, unit="req", desc=f"{config.engine} b{config.block_size}")

@@ -43,6 +43,7 @@ def engine_kwargs(config: RunConfig, model: str) -> dict[str, Any]:
         "seed": config.seed,
         "async_scheduling": False,
         "disable_log_stats": False,
+        "use_tqdm_on_load": False,  # no "Loading safetensors" bar in notebooks and logs
     }
     if config.max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
