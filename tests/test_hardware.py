@@ -120,6 +120,18 @@ def test_folder_of_another_dtype_is_rebuilt(
     assert template == DEFAULT.engine_jinja()
 
 
+def test_vllm_is_told_the_folder_dtype(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's dtype="auto" turns a float32 checkpoint into bf16: the folder's dtype is passed."""
+    from analysis.engines.vllm_args import engine_kwargs
+    from analysis.models import ensure_random_llama
+
+    monkeypatch.setenv("PREFIX_CACHE_LAB_ROOT", str(tmp_path))
+    folder = str(ensure_random_llama(dtype="float32"))
+    assert engine_kwargs(RunConfig(), folder)["dtype"] == "float32"
+    assert engine_kwargs(RunConfig(dtype="bfloat16"), folder)["dtype"] == "bfloat16"
+    assert engine_kwargs(RunConfig(model="org/name"), "org/name")["dtype"] == "auto"
+
+
 @pytest.mark.engine
 def test_float32_engine_counts_equal_replay(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -129,6 +141,7 @@ def test_float32_engine_counts_equal_replay(
     from analysis.engines.synthetic import synthetic_trace
 
     monkeypatch.setenv("PREFIX_CACHE_LAB_ROOT", str(tmp_path))
+    monkeypatch.setenv(DTYPE_ENV, "float32")  # as on a CPU without bf16, through the env path
     trace = synthetic_trace(num_conversations=4, turns=(2, 3), user_tokens=(20, 60), seed=1)
     config = RunConfig(
         trace="test",
@@ -137,12 +150,12 @@ def test_float32_engine_counts_equal_replay(
         num_blocks=128,
         max_model_len=1024,
         max_output_tokens=16,
-        dtype="float32",
     )
     real = run(trace, config, progress=False)
     replayed = run(trace, config.with_(engine="replay"), progress=False)
     assert real.manifest["dtype"]["dtype"] == "float32"
     assert real.manifest["dtype"]["model_folder_dtype"] == "float32"
+    assert real.manifest["engine"]["model_dtype"] == "float32"  # not vLLM's auto bf16 cast
     assert real.manifest["machine"]["cpu_capability"]
     assert real.summary["first_prefill"]["hits"] > 0
     for key in ("first_prefill", "all_prefill", "exported", "preemptions"):

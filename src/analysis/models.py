@@ -148,6 +148,12 @@ def folder_dtype(model: str | Path) -> str | None:
     return config.get("torch_dtype") or config.get("dtype")
 
 
+def vllm_dtype(model: str | Path) -> str:
+    """The `dtype` to give vLLM for a model: a local folder's own (vLLM's "auto" would turn a
+    float32 checkpoint into bf16, the slow path on a CPU without bf16), else "auto"."""
+    return folder_dtype(model) or "auto"
+
+
 def parameter_count(spec: RandomLlamaSpec, vocab_size: int = 128_256) -> int:
     """Parameters of a spec (tied embeddings), to size timing models without building them."""
     h, i, n = spec.hidden_size, spec.intermediate_size, spec.num_hidden_layers

@@ -43,7 +43,7 @@ from typing import Any
 
 import pandas as pd
 
-from analysis import loadgen
+from analysis import loadgen, models
 from analysis.errors import ServerLostError, ServerStartError
 from analysis.manifest import git_commit, package_versions, read_json, write_json, write_parquet
 from analysis.paths import results_dir
@@ -137,6 +137,7 @@ class ServerConfig:
             self.host,
             "--served-model-name",
             served_name(self.model),
+            *("--dtype", models.vllm_dtype(self.model)),  # a float32 folder stays float32
             "--block-size",
             str(self.block_size),
             "--max-model-len",
@@ -985,6 +986,7 @@ def _engine(config: PrefixSweepConfig, model: str, mode: str) -> Any:
         max_num_batched_tokens=config.max_num_batched_tokens,
         enforce_eager=config.enforce_eager,
         seed=config.seed,
+        dtype=models.vllm_dtype(model),
         **kwargs,
     )
 

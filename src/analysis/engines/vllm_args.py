@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.engines.config import RunConfig
+from analysis.models import vllm_dtype
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -47,8 +48,8 @@ def engine_kwargs(config: RunConfig, model: str) -> dict[str, Any]:
     }
     if config.max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
-    if config.dtype is not None:  # a named model is cast; the local one is already built so
-        kwargs["dtype"] = config.dtype
+    # vLLM's "auto" would run a float32 folder in bf16: give the folder's dtype (or the asked one).
+    kwargs["dtype"] = config.dtype or vllm_dtype(model)
     return kwargs
 
 

@@ -159,6 +159,7 @@ def run_vllm(
         "build_seconds": round(build_seconds, 3),
         "model": model,
         "device": config.device,
+        "model_dtype": str(core.vllm_config.model_config.dtype).removeprefix("torch."),
         "forced_outputs": forced,
         "resolved": resolved_settings(core.vllm_config, scheduler),
         "exported": exported,
