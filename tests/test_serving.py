@@ -398,6 +398,14 @@ def test_real_server_measures_ttft_counts_hits_and_caches_results(
         assert (requests.sent_prompt_tokens == requests.prompt_tokens).all()
         assert (requests.output_tokens == 4).all()
         assert ((requests.ttft_s > 0) & (requests.ttft_s <= requests.e2e_s)).all()
+        # the server's per-request count of cached prompt tokens: 0 for the warm-up, the
+        # whole prefix for every measured request
+        assert requests.loc[requests.warmup, "cached_tokens"].tolist() == [0]
+        assert (requests.loc[~requests.warmup, "cached_tokens"] == 512).all()
+        gauges = serving.load_gauges([row["run_id"]], root=tmp_path)
+        assert len(gauges) >= 1 and gauges["kv_cache_usage_perc"].between(0, 1).all()
+        capacity = server.kv_capacity_blocks()  # vLLM needs room for one max-length request
+        assert capacity is not None and capacity * 32 >= config.max_model_len
 
         # ShareGPT conversations from the real data, closed loop: later turns hit the earlier
         trace = _small_sharegpt_trace()

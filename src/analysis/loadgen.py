@@ -414,7 +414,7 @@ async def stream_completion(
 
 
 def _progress(total: int, desc: str, enabled: bool):
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, disable=not enabled or not sys.stderr.isatty(), leave=False)
 

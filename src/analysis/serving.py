@@ -995,7 +995,8 @@ def run_serving_bench(
                     continue
                 collected: dict[RunKey, tuple[list, list, list]] = {k: ([], [], []) for k in keys}
                 for repeat in range(config.repeats):
-                    for key in keys:
+                    # alternate which mode goes first, so that an order effect cancels out
+                    for key in keys if repeat % 2 == 0 else keys[::-1]:
                         live = live_servers[key.mode]
                         specs = workload if workload is not None else synthetic_specs(config, key)
                         frames, summaries, gauges = collected[key]
@@ -1079,7 +1080,10 @@ def measure_calibration(server: VllmServer, probe_tokens: int = 1024) -> Calibra
     server.reset_prefix_cache()
     fixed = min(r.ttft_s for r in short)
     step = min((r.e2e_s - r.ttft_s) / max(r.output_tokens - 1, 1) for r in short)
-    prefill = (probe_tokens - 32) / max(min(r.ttft_s for r in long) - fixed, 1e-6)
+    longest = min(r.ttft_s for r in long)
+    # noise on a busy machine can make the gap tiny or negative: count at least a quarter
+    # of the long request's TTFT as its prefill (a conservative, slower estimate)
+    prefill = (probe_tokens - 32) / max(longest - fixed, 0.25 * longest)
     return Calibration(prefill, fixed, step, probe_tokens)
 
 
@@ -1318,7 +1322,7 @@ def _sweep_one_mode(config: PrefixSweepConfig, model: str, mode: str, progress: 
     emptied cache."""
     import gc
 
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
     from vllm import SamplingParams
 
     started = time.perf_counter()
