@@ -504,14 +504,24 @@ def test_offline_prefix_sweep_hits_only_with_caching_on(tiny_model, tmp_path):
         max_model_len=512,
         kv_cache_memory_bytes=64 << 20,
         max_num_batched_tokens=256,  # one prompt per step: later prompts find earlier blocks
+        long_input_len=256,
+        long_prompts=2,
+        long_output_lens=(2,),
+        long_rounds=2,
     )
-    sweep = serving.run_prefix_sweep(config, root=tmp_path, progress=False)
+    raw = serving.run_prefix_sweep(config, root=tmp_path, progress=False)
+    sweep = raw[raw.experiment == "sweep"]
     cached = sweep.set_index(["mode", "fraction"])["cached_tokens"]
     assert cached[("cache", 0.0)] == 0
     assert cached[("cache", 1.0)] == 2 * 224  # 2 repeats x 7 full blocks (last token recomputed)
     assert cached[("no_cache", 0.0)] == 0 and cached[("no_cache", 1.0)] == 0
     assert (sweep.req_s > 0).all() and (sweep.num_prompts == 3).all()
     assert len(list(Path(tmp_path).glob("prefix-sweep-*/manifest.json"))) == 2
+    # long prefill: round 1 is cold, round 2 finds both unique prompts (7 full blocks each)
+    long = raw[raw.experiment == "long_prefill"].set_index(["mode", "round"])["cached_tokens"]
+    assert long[("cache", 1)] == 0 and long[("cache", 2)] == 2 * 224
+    assert long[("no_cache", 1)] == 0 and long[("no_cache", 2)] == 0
+    assert serving.long_prefill_table(raw).shape == (4, 1)
 
 
 def test_group_members_sees_only_live_processes():
