@@ -255,14 +255,15 @@ def dilution_section(
         "concurrency": (1,),
         "requests": chosen.requests,
         "request_timeout_s": chosen.timeout_s,
+        "seed": 1,  # own prompts: measured now, next to the mixed runs, not reused from 08
     }
-    base = serving.run_serving_bench(
-        study.bench(**common), servers=pair, force=force, progress=False
-    )
     mixed = {}
     for share in study.eligible_shares:
         config = study.bench(modes=("cache",), eligible_share=share, **common)
         mixed[share] = serving.run_serving_bench(config, servers=pair, force=force, progress=False)
+    base = serving.run_serving_bench(
+        study.bench(**common), servers=pair, force=force, progress=False
+    )
     return {"base": base, "mixed": mixed, "plan": chosen}
 
 
