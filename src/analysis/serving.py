@@ -515,6 +515,7 @@ class ServingBenchConfig:
     distinct_prefixes: int = 1  # synthetic: eligible requests cycle over this many prefixes
     churn_every: int = 0  # synthetic: a new prefix version every N measured requests (0: never)
     gauge_interval_s: float = 0.5  # KV-cache use sampled from /metrics this often (0: never)
+    salt: str = ""  # synthetic: other prompts, same server (a run that must not reuse another's)
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
@@ -639,7 +640,7 @@ def synthetic_specs(config: ServingBenchConfig, key: RunKey) -> list[loadgen.Req
         output_tokens=config.output_tokens,
         warmup_requests=config.warmup_requests,
         seed=config.seed,
-        salt=f"c{key.concurrency}",  # cold start even where the cache cannot be reset
+        salt=f"c{key.concurrency}{config.salt}",  # cold start even without a cache reset
         eligible_share=config.eligible_share,
         distinct_prefixes=config.distinct_prefixes,
         churn_every=config.churn_every,

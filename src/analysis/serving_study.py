@@ -255,7 +255,7 @@ def dilution_section(
         "concurrency": (1,),
         "requests": chosen.requests,
         "request_timeout_s": chosen.timeout_s,
-        "seed": 1,  # own prompts: measured now, next to the mixed runs, not reused from 08
+        "salt": "mixed",  # own prompts, measured next to the mixed runs (not 08's, earlier)
     }
     mixed = {}
     for share in study.eligible_shares:
