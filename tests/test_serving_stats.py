@@ -117,3 +117,17 @@ def test_block_hash_index_matches_whole_blocks_only():
         assert index.insert(prompt) == token_level // 16 * 16
     with pytest.raises(ValueError, match="block_size"):
         prefix_match.BlockHashIndex(0)
+
+
+def test_a_sweep_whose_0_percent_ratio_is_far_from_1_is_flagged_as_disturbed():
+    from analysis import serving_writeup
+    from analysis.serving_study import StudyParams
+
+    quiet = serving_writeup.Facts(StudyParams(), overhead_at_zero=(0.97, 0.9, 1.05))
+    loaded = serving_writeup.Facts(StudyParams(), overhead_at_zero=(8.3, 5.0, 11.6))
+    assert not serving_writeup.sweep_disturbed(quiet)
+    assert serving_writeup.sweep_disturbed(loaded)
+    assert serving_writeup.Interval(0.1, 0.05, 0.2).below(serving_writeup.Interval(0.5, 0.3, 0.6))
+    assert not serving_writeup.Interval(0.1, 0.05, 0.4).below(
+        serving_writeup.Interval(0.5, 0.3, 0.6)
+    )
