@@ -223,7 +223,8 @@ def decision_markdown(facts: Facts) -> str:
         )
     lines.append(
         "- Not memory: `vllm:kv_cache_usage_perc` counts cached-but-idle blocks as free, so it "
-        "looks the same with caching on and off (notebook 10)."
+        "falls back to zero after a run with caching on too and cannot show the cache "
+        "(notebook 10)."
     )
     lines += ["", "### Caveats", ""]
     for pattern, rate in facts.patterns.items():
