@@ -46,6 +46,13 @@ def test_dtype_by_capability(capability: str, flags: tuple[str, ...], expected: 
     assert capability in choice.reason
 
 
+def test_a_bf16_gpu_gets_bf16_whatever_the_host_cpu() -> None:
+    gpu = Machine("AVX2", (), "x", 2, cuda=True, cuda_device="NVIDIA H100", cuda_bf16=True)
+    assert choose_dtype(None, gpu).dtype == "bfloat16"
+    old_gpu = Machine("AVX2", (), "x", 2, cuda=True, cuda_device="Tesla T4", cuda_bf16=False)
+    assert choose_dtype(None, old_gpu).dtype == "float32"
+
+
 def test_explicit_dtype_wins_over_env_and_capability(monkeypatch: pytest.MonkeyPatch) -> None:
     native = fake("AVX512", ("avx512_bf16",))
     monkeypatch.setenv(DTYPE_ENV, "float32")

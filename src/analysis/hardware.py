@@ -32,6 +32,7 @@ class Machine:
     cores: int  # CPUs this process may use
     cuda: bool
     cuda_device: str | None = None
+    cuda_bf16: bool = False  # the GPU computes bf16 (Ampere or newer)
 
     @property
     def native_bf16(self) -> bool:
@@ -85,6 +86,7 @@ def _probe() -> Machine:
         cores=_cores(),
         cuda=cuda,
         cuda_device=torch.cuda.get_device_name(0) if cuda else None,
+        cuda_bf16=bool(cuda and torch.cuda.is_bf16_supported()),
     )
 
 
@@ -106,13 +108,16 @@ def check_dtype(dtype: str, source: str) -> str:
 
 def choose_dtype(explicit: str | None = None, facts: Machine | None = None) -> DtypeChoice:
     """The dtype of the local random models: explicit, else $PREFIX_CACHE_LAB_DTYPE, else bf16
-    where the CPU computes it natively and float32 where it does not."""
+    where the engine's device computes it natively (a bf16 GPU, or a CPU with AVX512-BF16 or
+    AMX) and float32 where it does not."""
     if explicit is not None:
         return DtypeChoice(check_dtype(explicit, "dtype"), "asked for (--dtype / RunConfig.dtype)")
     env = os.environ.get(DTYPE_ENV)
     if env:
         return DtypeChoice(check_dtype(env, DTYPE_ENV), f"asked for (${DTYPE_ENV})")
     facts = facts or machine()
+    if facts.cuda_bf16:  # the GPU build runs the engine on the GPU, which computes bf16
+        return DtypeChoice("bfloat16", f"the GPU computes bf16 natively ({facts.cuda_device})")
     if facts.native_bf16:
         flags = "+".join(facts.cpu_flags)
         return DtypeChoice("bfloat16", f"CPU has native bf16 ({facts.cpu_capability}, {flags})")
