@@ -169,3 +169,12 @@ def test_float32_engine_counts_equal_replay(
         assert real.summary[key] == replayed.summary[key], key
     assert real.counters["prefix_cache_stats"] == replayed.counters["prefix_cache_stats"]
     assert real.manifest["engine"]["num_cached_tokens_mismatches"] == 0
+
+
+def test_run_command_takes_dtype() -> None:
+    from analysis.cli import build_parser
+    from analysis.commands.run import config_from_args
+
+    args = build_parser("run").parse_args(["run", "--dtype", "float32"])
+    assert config_from_args(args).dtype == "float32"
+    assert config_from_args(build_parser("run").parse_args(["run"])).dtype is None
