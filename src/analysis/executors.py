@@ -23,9 +23,10 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from analysis.sweep import GridError, Point, is_done, result_folder, run_point
+from analysis.sweep import GridError, Point, is_done, result_folder
 
 EXECUTORS = ("local", "ray")
 MAX_RETRIES = 3  # times Ray runs a point again after losing its worker
@@ -53,21 +54,28 @@ def run_points(
     *,
     force: bool = False,
     workers: int | None = None,
+    results: Path | None = None,
     progress: bool = True,
     on_done: Callable[[Point], None] | None = None,
 ) -> SweepRun:
     """Run every point of `points` whose result is missing (all of them with `force`).
 
     `workers`: CPUs of the Ray instance started here (default: all); ignored with an
-    existing cluster (`RAY_ADDRESS`) and by `local`. `on_done(point)` is called after each
-    point's result is written."""
+    existing cluster (`RAY_ADDRESS`) and by `local`. `results`: the folder of result folders
+    (default data/results). `on_done(point)` is called after each point's result is written."""
     from tqdm.auto import tqdm
 
     if executor not in EXECUTORS:
         raise ExecutorError(f"executor {executor!r} is not one of {', '.join(EXECUTORS)}")
     if workers is not None and workers < 1:
         raise ExecutorError(f"workers must be a positive integer (got {workers})")
-    todo = list(points) if force else [p for p in points if not is_done(p)]
+    if executor == "ray":
+        import_ray()  # fail before anything runs
+
+    def folder(point: Point) -> Path:
+        return result_folder(point, results)
+
+    todo = list(points) if force else [p for p in points if not is_done(p, folder(p))]
     report = SweepRun(executor, skipped=[p for p in points if p not in todo], workers=workers)
     bar = tqdm(
         total=len(points),
@@ -87,11 +95,13 @@ def run_points(
     started = time.perf_counter()
     try:
         if executor == "local":
+            from analysis.engines import run_and_write
+
             for point in todo:
-                run_point(point, force=force, progress=False)
+                run_and_write(point.config, folder(point).parent, force=force, progress=False)
                 finished(point)
         elif todo:
-            _run_on_ray(todo, workers, finished)
+            _run_on_ray(todo, workers, folder, finished)
     finally:
         report.seconds = time.perf_counter() - started
         bar.close()
@@ -121,7 +131,12 @@ def compute_point(config: dict[str, Any]) -> Any:
     return result.without_block_events()
 
 
-def _run_on_ray(todo: list[Point], workers: int | None, finished: Callable[[Point], None]) -> None:
+def _run_on_ray(
+    todo: list[Point],
+    workers: int | None,
+    folder: Callable[[Point], Path],
+    finished: Callable[[Point], None],
+) -> None:
     ray = import_ray()
     started_here = _connect(ray, workers)
     task = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False)(compute_point)
@@ -134,7 +149,7 @@ def _run_on_ray(todo: list[Point], workers: int | None, finished: Callable[[Poin
             done, _ = ray.wait(list(pending), num_returns=1)
             for ref in done:
                 point = pending.pop(ref)
-                _write(point, _get(ray, ref, point))
+                _write(folder(point), point, _get(ray, ref, point))
                 finished(point)
     finally:
         for ref in pending:  # interrupted or failed: stop what is still queued or running
@@ -181,9 +196,8 @@ def _get(ray: Any, ref: Any, point: Point) -> Any:
         ) from exc
 
 
-def _write(point: Point, result: Any) -> None:
+def _write(folder: Path, point: Point, result: Any) -> None:
     """Write a point's result here, the one writer of its folder (atomically, manifest last)."""
-    folder = result_folder(point)
     if result.config_id != folder.name:
         raise ExecutorError(
             f"point {point.point_id}: the Ray worker's trace differs from this machine's "

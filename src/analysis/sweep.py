@@ -190,11 +190,12 @@ def find_point(points: list[Point], point_id: str) -> Point:
     raise GridError(f"no point {point_id!r} in this grid: list them with --list")
 
 
-def result_folder(point: Point) -> Path:
+def result_folder(point: Point, results: Path | None = None) -> Path:
+    """`results/<config_id>` (default results: data/results)."""
     from analysis.engines.runner import config_id_for
     from analysis.paths import results_dir
 
-    return results_dir() / config_id_for(point.config)
+    return Path(results or results_dir()) / config_id_for(point.config)
 
 
 def run_point(point: Point, *, force: bool = False, progress: bool | None = False) -> Path:
@@ -218,12 +219,10 @@ def run_point_notebook(point: Point, grid: str | Path, *, force: bool = False) -
 
 def ensure_grid(name_or_path: str | Path, *, progress: bool = True) -> list[Point]:
     """Run, inline, every point of the grid whose result is missing (finished ones are kept)."""
-    from tqdm.auto import tqdm
+    from analysis.executors import run_points
 
     points = grid_points(name_or_path)
-    missing = [p for p in points if not is_done(p)]
-    for point in tqdm(missing, desc="sweep points", unit="point", disable=not progress):
-        run_point(point)
+    run_points(points, "local", progress=progress)
     return points
 
 
