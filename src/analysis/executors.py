@@ -44,6 +44,7 @@ class SweepRun:
     executor: str
     ran: list[Point] = field(default_factory=list)  # in the order they finished
     skipped: list[Point] = field(default_factory=list)  # complete before the call
+    # (points sharing a result folder with an earlier point are in neither list)
     seconds: float = 0.0
     workers: int | None = None
 
@@ -58,7 +59,8 @@ def run_points(
     progress: bool = True,
     on_done: Callable[[Point], None] | None = None,
 ) -> SweepRun:
-    """Run every point of `points` whose result is missing (all of them with `force`).
+    """Run every point of `points` whose result is missing (all of them with `force`), each
+    result folder once (points of several series may share one).
 
     `workers`: CPUs of the Ray instance started here (default: all); ignored with an
     existing cluster (`RAY_ADDRESS`) and by `local`. `results`: the folder of result folders
@@ -75,10 +77,15 @@ def run_points(
     def folder(point: Point) -> Path:
         return result_folder(point, results)
 
-    todo = list(points) if force else [p for p in points if not is_done(p, folder(p))]
-    report = SweepRun(executor, skipped=[p for p in points if p not in todo], workers=workers)
+    distinct: dict[Path, Point] = {}  # series may share a point (the same result folder)
+    for point in points:
+        distinct.setdefault(folder(point), point)
+    todo = [p for f, p in distinct.items() if force or not is_done(p, f)]
+    report = SweepRun(
+        executor, skipped=[p for p in distinct.values() if p not in todo], workers=workers
+    )
     bar = tqdm(
-        total=len(points),
+        total=len(distinct),
         initial=len(report.skipped),
         desc=f"sweep ({executor})",
         unit="point",

@@ -63,8 +63,9 @@ def main(args: argparse.Namespace) -> int:
             return 0
         done = run_points(points, args.executor, force=args.force, workers=args.workers)
         print(
-            f"{len(done.ran)} point(s) run, {len(done.skipped)} already complete, "
-            f"{len(points)} in grid {args.grid} ({args.executor}, {done.seconds:.0f} s)"
+            f"{len(done.ran)} point(s) run, {len(done.skipped)} already complete, of "
+            f"{len(done.ran) + len(done.skipped)} distinct in grid {args.grid} "
+            f"({args.executor}, {done.seconds:.0f} s)"
         )
     except (GridError, ConfigError) as exc:
         raise CommandError(str(exc)) from None
