@@ -196,6 +196,11 @@ def block_reuse(block_events: pd.DataFrame | BlockStats) -> dict[str, Any]:
     """
     from analysis.blockstats import BlockStats, describe_counts
 
+    if block_events is None:
+        raise ValueError(
+            "this result kept its block events as aggregates: pass result.block_stats "
+            '(or run it with block_events="full")'
+        )
     events = block_events if isinstance(block_events, pd.DataFrame) else None
     stats = block_events if events is None else BlockStats.from_events(events)
     per_block = stats.hits_per_block

@@ -299,8 +299,24 @@ def with_ideal(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
+def sample_limit(rows: pd.DataFrame) -> int | None:
+    """The `limit` (first N conversations) shared by these result rows; None: whole traces."""
+    limits = rows["limit"].drop_duplicates()
+    if len(limits) != 1:
+        raise GridError(f"rows mix samples (limit {sorted(map(str, limits))}): select one")
+    value = limits.iloc[0]
+    return None if value is None or pd.isna(value) else int(value)
+
+
+def sample_words(rows: pd.DataFrame) -> str:
+    """'first 500 conversations' or 'all conversations', for titles and printed tables."""
+    limit = sample_limit(rows)
+    return "all conversations" if limit is None else f"first {limit} conversations"
+
+
 def read_result(name_or_path: str | Path, point_id: str):
-    """The full RunResult (admissions, requests, block events) of one finished point."""
+    """The RunResult of one finished point: admissions, requests, block statistics (and block
+    events where the point kept them in full)."""
     from analysis.engines import RunResult
 
     return RunResult.read(result_folder(find_point(grid_points(name_or_path), point_id)))
