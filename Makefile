@@ -88,9 +88,12 @@ sweep-points: $(foreach p,$(POINTS),$(RUNS)/$(p).ipynb)
 $(RUNS)/%.ipynb:
 	$(PY) -m analysis sweep --grid $(GRID) --point $*
 
+# local (this process) or ray (one Ray task per point: RAY_ADDRESS, else a local instance).
+EXECUTOR ?= local
+
 .PHONY: sweep-inline
-sweep-inline: traces ## run every unfinished point of GRID in one process (no per-point start-up)
-	$(PY) -m analysis sweep --grid $(GRID)
+sweep-inline: traces ## run every unfinished point of GRID here (EXECUTOR=ray: one Ray task each)
+	$(PY) -m analysis sweep --grid $(GRID) --executor $(EXECUTOR)
 
 .PHONY: report
 report: sweep-inline ## build traces, run the sweep, re-execute every notebook; figures + HTML report
