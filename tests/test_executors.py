@@ -95,13 +95,17 @@ def test_local_and_ray_give_identical_tables(grid, local_results, ray_instance, 
 
 
 def _ray_workers_running(task: str) -> list[int]:
+    """Workers of this test's own Ray instance (descendants of this process) running `task`."""
     import psutil
 
     pids = []
-    for process in psutil.process_iter(["pid", "cmdline"]):
-        cmdline = " ".join(process.info["cmdline"] or [])
+    for process in psutil.Process().children(recursive=True):
+        try:
+            cmdline = " ".join(process.cmdline())
+        except psutil.Error:  # ended meanwhile
+            continue
         if cmdline.startswith(f"ray::{task}"):
-            pids.append(process.info["pid"])
+            pids.append(process.pid)
     return pids
 
 
