@@ -5,8 +5,9 @@ then the time the whole `full` grid takes.
 The whole capacity series (32 whole-trace points of a minute or more each) would take far
 longer than a benchmark should, so a spread of its points is timed (BENCH_SWEEP_POINTS, default
 4, evenly over the series: both traces, both block sizes, small to large caches) and the whole
-grid's time is ESTIMATED from their mean time per point, and said so. Points whose results are already in data/results (from
-`python -m analysis sweep --grid full`) give the grid's measured time instead.
+grid's time is ESTIMATED from their mean time per point, and said so. Points whose results
+are already in data/results (`python -m analysis sweep --grid full`) add their measured
+run time.
 """
 
 from __future__ import annotations
