@@ -85,10 +85,13 @@ def main() -> None:
         )
     print(f"  2 workers / 1 worker: {rates[1] / rates[2]:.2f}x points/hour")
     per_point = rates[1] / len(sample)
+    whole = [p for p in distinct.values() if p.config.limit is None]
     print(
         f"  whole {GRID} grid, ESTIMATED from these {len(sample)} points' mean "
-        f"{per_point:.0f} s/point: {len(distinct) * per_point / 60:.0f} min with 1 worker, "
-        f"{len(distinct) * per_point / 60 / (rates[1] / rates[2]):.0f} min with 2"
+        f"{per_point:.0f} s/point over its {len(whole)} whole-trace points (its "
+        f"{len(distinct) - len(whole)} small-sample points left out): "
+        f"{len(whole) * per_point / 60:.0f} min with 1 worker, "
+        f"{len(whole) * per_point / 60 / (rates[1] / rates[2]):.0f} min with 2"
     )
     finished, seconds = _grid_seconds_measured(list(distinct.values()))
     if finished:
