@@ -173,17 +173,24 @@ def _connect(ray: Any, workers: int | None) -> bool:
 
     quiet = {"log_to_driver": False, "configure_logging": False}
     address = os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, **quiet)
-    else:
-        # Workers find the traces and write nothing; they see the same repository root.
-        env = {"PREFIX_CACHE_LAB_ROOT": str(repo_root())}
-        ray.init(
-            num_cpus=workers or os.cpu_count() or 1,
-            include_dashboard=False,
-            runtime_env={"env_vars": env},
-            **quiet,
-        )
+    try:
+        if address:
+            ray.init(address=address, **quiet)
+        else:
+            # Workers find the traces and write nothing; they see the same repository root.
+            env = {"PREFIX_CACHE_LAB_ROOT": str(repo_root())}
+            ray.init(
+                num_cpus=workers or os.cpu_count() or 1,
+                include_dashboard=False,
+                runtime_env={"env_vars": env},
+                **quiet,
+            )
+    except Exception as exc:  # Ray raises plain exceptions for a cluster it cannot reach
+        where = f"the Ray cluster at RAY_ADDRESS={address}" if address else "a local Ray instance"
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ExecutorError(
+            f"could not start or reach {where}: {message} (try again, or use --executor local)"
+        ) from exc
     return True
 
 
