@@ -167,8 +167,9 @@ def whole_trace(frame, source: str) -> None:
     )
     same = _counts(old) == _counts(result)
     print(
-        f"  hot-path savings: {old_wall:.1f} s before -> {wall:.1f} s after (wall), "
-        f"{old_wall / wall:.2f}x faster ({old_cpu / cpu:.2f}x CPU); identical counts: {same}"
+        f"  hot-path savings: {old_wall:.1f} s before -> {wall:.1f} s after (wall; CPU "
+        f"{old_cpu:.1f} s -> {cpu:.1f} s), {old_wall / wall:.2f}x faster wall, "
+        f"{old_cpu / cpu:.2f}x CPU; identical counts: {same}"
     )
     written, events = _folder_sizes(result)
     print(
