@@ -195,18 +195,19 @@ def _connect(ray: Any, workers: int | None) -> bool:
 
 
 def _get(ray: Any, ref: Any, point: Point) -> Any:
-    """The task's result; a lost worker after every retry or a failed point is one line."""
-    from ray.exceptions import RayTaskError, WorkerCrashedError
+    """The task's result; a failed point, or a worker lost after every retry, is one line."""
+    from ray.exceptions import RayError, RayTaskError
 
     try:
         return ray.get(ref)
     except RayTaskError as exc:
         cause = getattr(exc, "cause", None) or exc
         raise ExecutorError(f"point {point.point_id} failed on Ray: {cause}") from exc
-    except WorkerCrashedError as exc:
+    except RayError as exc:  # worker crashed, out of memory, node died: after the retries
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise ExecutorError(
-            f"point {point.point_id}: its Ray worker died {MAX_RETRIES + 1} times "
-            "(out of memory? see `ray status`)"
+            f"point {point.point_id}: Ray lost it {MAX_RETRIES + 1} times "
+            f"({type(exc).__name__}: {first}); see `ray status` and the Ray logs"
         ) from exc
 
 
