@@ -153,7 +153,8 @@ def _run_on_ray(
             options = {"num_cpus": 1, "num_gpus": 1 if needs_gpu(point) else 0}
             pending[task.options(**options).remote(point.config.to_dict())] = point
         while pending:
-            done, _ = ray.wait(list(pending), num_returns=1)
+            # a timeout, so that Ctrl-C is seen between points, not only when one ends
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
             for ref in done:
                 point = pending.pop(ref)
                 _write(folder(point), point, _get(ray, ref, point))
