@@ -26,6 +26,7 @@ OUTPUTS = ("recorded", "free")
 DEVICES = ("cpu", "cuda")
 HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 LONG_PROMPTS = ("skip", "error")
+BLOCK_EVENTS = ("aggregate", "full")
 # The CPU attention backend only takes block sizes that are multiples of this.
 CPU_BLOCK_MULTIPLE = 32
 # The local random model's context (analysis.models.TINY.max_position_embeddings).
@@ -55,6 +56,7 @@ class RunConfig:
     hash_algo: str = "sha256"  # vLLM's prefix_caching_hash_algo (sha256 is vLLM's default)
     long_prompts: str = "skip"  # prompts >= max_model_len: "skip" (counted) or "error"
     fast_path: bool = True  # replay: do trivial decode steps outside vLLM (same results)
+    block_events: str = "aggregate"  # write "aggregate"s of the block events, or "full" rows
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -120,6 +122,7 @@ def validate(config: RunConfig, *, check_environment: bool = True) -> None:
     _check_choice("device", config.device, DEVICES)
     _check_choice("hash_algo", config.hash_algo, HASH_ALGOS)
     _check_choice("long_prompts", config.long_prompts, LONG_PROMPTS)
+    _check_choice("block_events", config.block_events, BLOCK_EVENTS)
     _check_positive("block_size", config.block_size)
     _check_positive("num_blocks", config.num_blocks)
     _check_positive("max_model_len", config.max_model_len)
