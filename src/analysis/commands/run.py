@@ -17,6 +17,7 @@ from pathlib import Path
 
 def configure(parser: argparse.ArgumentParser) -> None:
     from analysis.engines.config import (
+        BLOCK_EVENTS,
         DEVICES,
         ENGINES,
         HASH_ALGOS,
@@ -76,6 +77,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="replay: let vLLM's schedule() run every decode step (same results, slower)",
     )
+    parser.add_argument(
+        "--block-events",
+        choices=BLOCK_EVENTS,
+        default=d.block_events,
+        help="write the block events' aggregates (a few kB) or every event (hundreds of MB "
+        "for a whole trace)",
+    )
     parser.add_argument("--force", action="store_true", help="run again even if finished")
     parser.add_argument("--results-dir", type=Path, default=None, help="default data/results")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -105,6 +113,7 @@ def config_from_args(args: argparse.Namespace):
         long_prompts=args.long_prompts,
         fast_path=not args.no_fast_path,
         dtype=args.dtype,
+        block_events=args.block_events,
     )
 
 

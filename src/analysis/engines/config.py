@@ -27,6 +27,7 @@ OUTPUTS = ("recorded", "free")
 DEVICES = ("cpu", "cuda")
 HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 LONG_PROMPTS = ("skip", "error")
+BLOCK_EVENTS = ("aggregate", "full")
 # The CPU attention backend only takes block sizes that are multiples of this.
 CPU_BLOCK_MULTIPLE = 32
 # The local random model's context (analysis.models.TINY.max_position_embeddings).
@@ -59,6 +60,7 @@ class RunConfig:
     # Weights and KV dtype: None = the local model's by CPU capability (bf16 where native,
     # else float32; analysis.hardware.choose_dtype); "bfloat16" or "float32" forces it.
     dtype: str | None = None
+    block_events: str = "aggregate"  # write "aggregate"s of the block events, or "full" rows
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -131,6 +133,7 @@ def validate(config: RunConfig, *, check_environment: bool = True) -> None:
     _check_choice("long_prompts", config.long_prompts, LONG_PROMPTS)
     if config.dtype is not None:
         _check_choice("dtype", config.dtype, DTYPES)
+    _check_choice("block_events", config.block_events, BLOCK_EVENTS)
     _check_positive("block_size", config.block_size)
     _check_positive("num_blocks", config.num_blocks)
     _check_positive("max_model_len", config.max_model_len)

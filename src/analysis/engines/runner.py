@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.blockstats import BlockStats
 from analysis.engines.config import ConfigError, RunConfig, config_digest, validate
 from analysis.engines.recorder import Recorder
 from analysis.engines.result import RunResult
@@ -233,6 +234,7 @@ def assemble(
         config_id=config_id,
         admissions=admissions,
         requests=requests,
+        block_stats=BlockStats.from_events(events),
         block_events=events,
         counters=counters,
     )
