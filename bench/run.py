@@ -1,6 +1,6 @@
 """`make bench`: time the heavy paths, each benchmark printing ratios measured in the same run.
 
-Run one with `python bench/run.py traces` (names: traces, engines, bounds, serving).
+Run one with `python bench/run.py traces` (names: traces, engines, bounds, serving, sweep).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-BENCHMARKS = ("traces", "engines", "bounds", "serving")
+BENCHMARKS = ("traces", "engines", "bounds", "serving", "sweep")
 
 
 def load(name: str):

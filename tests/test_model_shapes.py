@@ -119,3 +119,16 @@ def test_the_real_cpu_engine_runs_the_1b_shape_with_random_weights():
     assert engine["forced_output_mismatches"] == 0
     assert real.summary["first_prefill"] == replayed.summary["first_prefill"]
     assert real.summary["first_prefill"]["hits"] == 2 * (99 // 32 * 32)
+
+
+def test_serving_resolves_shapes_with_random_weights():
+    """The serving benchmark takes a shape name: its folder, served with --load-format dummy
+    (a real folder or hub name keeps vLLM's default loading)."""
+    from analysis import serving
+
+    folder = serving.resolve_model("llama-3.1-8b")
+    assert folder == str(model_shapes.materialise("llama-3.1-8b"))
+    flags = serving.ServingBenchConfig(model="llama-3.1-8b").server_config(folder, "cache").flags()
+    assert flags[flags.index("--load-format") + 1] == "dummy"
+    plain = serving.ServingBenchConfig().server_config("meta-llama/Llama-3.2-1B", "cache")
+    assert "--load-format" not in plain.flags()

@@ -576,7 +576,7 @@ def _progress(items: list[Any], enabled: bool | None, unit: str) -> Iterable[Any
         enabled = sys.stderr.isatty()
     if not enabled or len(items) < 2:
         return items
-    from tqdm.auto import tqdm
+    from analysis.progress import bar as tqdm
 
     return tqdm(items, unit=unit, file=sys.stderr)
 

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 if TYPE_CHECKING:
+    from analysis.blockstats import BlockStats
     from analysis.engines.result import RunResult
 
 VLLM_LOG_WINDOW = 1000  # CachingMetrics(max_recent_requests=1000) in vLLM's logging logger
@@ -223,33 +224,50 @@ def recompute_share(admissions: pd.DataFrame) -> float:
     return int(computed[admissions["kind"] == "readmission"].sum()) / total
 
 
-def block_reuse(block_events: pd.DataFrame) -> dict[str, Any]:
-    """Seed 001's "Task 2" block statistics from the block events.
+def block_reuse(block_events: pd.DataFrame | BlockStats) -> dict[str, Any]:
+    """Seed 001's "Task 2" block statistics from the block events or their aggregates.
 
     - blocks_hit: distinct block hashes hit at least once ("cache blocks used");
     - hits_per_block_mean / _max: hits of those blocks;
     - total_hits: every hit (sum of hit tokens / block size);
     - repeat_hits: hits beyond each block's first (the seeds' "total block reuses");
-    - reuse gaps: for every hit, steps (and seconds) since the previous store or hit of the
-      same hash: min, mean, max and quantiles.
+    - reuse gaps: for every hit, steps (and, from full events only, seconds) since the
+      previous store or hit of the same hash: min, mean, max and quantiles.
+
+    The same numbers from a `BlockStats` (what a result keeps by default) as from the events.
     """
-    codes = _hash_codes(block_events)
-    event = block_events["event"]
-    hit = (event == "hit").to_numpy()
-    per_block = np.bincount(codes[hit]) if hit.any() else np.zeros(0, dtype=np.int64)
-    per_block = per_block[per_block > 0]
-    gaps_steps, gaps_seconds = reuse_gaps(block_events)
+    from analysis.blockstats import BlockStats, describe_counts
+
+    if block_events is None:
+        raise ValueError(
+            "this result kept its block events as aggregates: pass result.block_stats "
+            '(or run it with block_events="full")'
+        )
+    events = block_events if isinstance(block_events, pd.DataFrame) else None
+    stats = block_events if events is None else BlockStats.from_events(events)
+    per_block = stats.hits_per_block
+    blocks_hit = int(per_block.sum())
+    total_hits = int(stats.events["hit"])
+    mean = float(np.dot(per_block.index.to_numpy(np.float64), per_block.to_numpy(np.float64)))
     return {
-        "blocks_stored": int((event == "stored").sum()),
-        "blocks_evicted": int((event == "evicted").sum()),
-        "blocks_hit": int(per_block.shape[0]),
-        "total_hits": int(hit.sum()),
-        "hits_per_block_mean": float(per_block.mean()) if per_block.size else 0.0,
-        "hits_per_block_max": int(per_block.max()) if per_block.size else 0,
-        "repeat_hits": int(hit.sum() - per_block.shape[0]),
-        "reuse_gap_steps": _describe(gaps_steps),
-        "reuse_gap_seconds": _describe(gaps_seconds),
+        "blocks_stored": int(stats.events["stored"]),
+        "blocks_evicted": int(stats.events["evicted"]),
+        "blocks_hit": blocks_hit,
+        "total_hits": total_hits,
+        "hits_per_block_mean": mean / blocks_hit if blocks_hit else 0.0,
+        "hits_per_block_max": int(per_block.index.max()) if blocks_hit else 0,
+        "repeat_hits": total_hits - blocks_hit,
+        "reuse_gap_steps": describe_counts(stats.reuse_gap_steps),
+        "reuse_gap_seconds": None if events is None else _describe(reuse_gaps(events)[1]),
     }
+
+
+def _blocks(result: RunResult) -> dict[str, Any]:
+    """`block_reuse` from the result's aggregates, with the seconds gaps its events give."""
+    blocks = block_reuse(result.block_stats)
+    if result.block_events is not None:
+        blocks["reuse_gap_seconds"] = _describe(reuse_gaps(result.block_events)[1])
+    return blocks
 
 
 def _hash_codes(block_events: pd.DataFrame) -> np.ndarray:
@@ -320,7 +338,7 @@ def summarize(result: RunResult) -> dict[str, Any]:
         "exported": exported_rate.to_dict(),
         "logged_window_rate_final": float(window["window_rate"].iloc[-1]) if len(window) else None,
         "recompute_share": recompute_share(admissions),
-        "blocks": block_reuse(result.block_events),
+        "blocks": _blocks(result),
         "prompt_tokens": int(requests.loc[requests["status"] == "finished", "prompt_tokens"].sum()),
         "output_tokens": int(requests["output_tokens"].sum()),
     }

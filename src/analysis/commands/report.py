@@ -1,8 +1,15 @@
-"""`python -m analysis report`: execute the committed notebooks in order, then the HTML report."""
+"""`python -m analysis report`: execute the committed notebooks in order, then the HTML report.
+
+Each notebook and the HTML export are timed; at the end the per-stage table (with the stages
+`make report` ran before, see `analysis.report_timings`) is printed and kept in
+`reports/timings.json`. `--begin`, `--stage NAME --run CMD` and `--estimate` are the steps the
+Makefile uses to time and announce its own stages.
+"""
 
 from __future__ import annotations
 
 import argparse
+import time
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -12,22 +19,51 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="notebook names or prefixes to run (default: all, in order), e.g. 04 05",
     )
     parser.add_argument("--no-html", action="store_true", help="skip the HTML export")
+    parser.add_argument(
+        "--begin", action="store_true", help="start a new reports/timings.json and stop"
+    )
+    parser.add_argument(
+        "--estimate", action="store_true", help="print what the report should take and stop"
+    )
+    parser.add_argument("--grid", default="default", help="sweep grid counted by --estimate")
+    parser.add_argument("--stage", default=None, help="with --run: the stage's name")
+    parser.add_argument("--run", default=None, help="with --stage: a shell command to time")
 
 
 def main(args: argparse.Namespace) -> int:
+    from analysis import report_timings as timings
     from analysis.errors import UsageError
-    from analysis.report import execute, report_notebooks, to_html
+    from analysis.progress import interactive
+    from analysis.report import execute, progress_noise, report_notebooks, to_html
 
+    if args.begin:
+        timings.begin()
+        return 0
+    if (args.stage is None) != (args.run is None):
+        raise UsageError("--stage and --run go together: --stage NAME --run 'COMMAND'")
+    if args.stage is not None:
+        return timings.run_stage(args.stage, args.run)
     notebooks = report_notebooks()
+    if args.estimate:
+        print(timings.estimate(notebooks, timings.pending_points(args.grid)), flush=True)
+        return 0
     if args.notebooks:
         notebooks = [p for p in notebooks if any(p.name.startswith(s) for s in args.notebooks)]
         if not notebooks:
             raise UsageError(f"no notebook matches {' '.join(args.notebooks)} in notebooks/")
     for notebook in notebooks:
         print(f"executing {notebook.name} ...", flush=True)
-        done = execute(notebook)
-        print(f"  {notebook.name}: {done.seconds:.0f} s", flush=True)
+        done = execute(notebook, progress=interactive())
+        timings.record(f"notebook {notebook.stem}", done.seconds)
+        print(f"  {notebook.name}: {timings.format_seconds(done.seconds)}", flush=True)
+        for noise in progress_noise(notebook):
+            print(f"  progress-bar noise in its stderr: {noise!r}", flush=True)
     if not args.no_html:
+        started = time.perf_counter()
         index = to_html(report_notebooks())
+        timings.record("HTML export", time.perf_counter() - started)
         print(f"report: {index}")
+    finished = timings.finish()
+    print("\nTime per stage:\n" + timings.table(finished))
+    print(f"(also in {timings.timings_path()})")
     return 0

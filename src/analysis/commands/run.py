@@ -17,6 +17,7 @@ from pathlib import Path
 
 def configure(parser: argparse.ArgumentParser) -> None:
     from analysis.engines.config import (
+        BLOCK_EVENTS,
         DEVICES,
         ENGINES,
         HASH_ALGOS,
@@ -25,6 +26,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         OUTPUTS,
         RunConfig,
     )
+    from analysis.hardware import DTYPES
 
     d = RunConfig()
     parser.add_argument(
@@ -59,6 +61,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="only the first N conversations")
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--device", choices=DEVICES, default=d.device)
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=None,
+        help="model dtype (default: bfloat16 where the CPU computes it natively, else float32; "
+        "or $PREFIX_CACHE_LAB_DTYPE)",
+    )
     parser.add_argument("--hash-algo", choices=HASH_ALGOS, default=d.hash_algo)
     parser.add_argument(
         "--long-prompts",
@@ -70,6 +79,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--no-fast-path",
         action="store_true",
         help="replay: let vLLM's schedule() run every decode step (same results, slower)",
+    )
+    parser.add_argument(
+        "--block-events",
+        choices=BLOCK_EVENTS,
+        default=d.block_events,
+        help="write the block events' aggregates (a few kB) or every event (hundreds of MB "
+        "for a whole trace)",
     )
     parser.add_argument("--force", action="store_true", help="run again even if finished")
     parser.add_argument("--results-dir", type=Path, default=None, help="default data/results")
@@ -99,6 +115,8 @@ def config_from_args(args: argparse.Namespace):
         hash_algo=args.hash_algo,
         long_prompts=args.long_prompts,
         fast_path=not args.no_fast_path,
+        dtype=args.dtype,
+        block_events=args.block_events,
     )
 
 

@@ -3,10 +3,15 @@
     python -m analysis sweep --grid default --list        # one point id per line
     python -m analysis sweep --grid default --point ID    # one point, through notebook 03
     python -m analysis sweep --grid default               # every missing point, inline
+    python -m analysis sweep --grid full --executor ray   # one Ray task per missing point
 
 `make sweep` runs one make target per point (so `make -j` runs points in parallel): notebook 03
 executed with the point's parameters, into reports/runs/<grid>/<point>.ipynb. A point whose
 result is complete is not computed again unless --force; its notebook only shows it.
+
+Executors (`analysis.executors`): `local` runs the points here, one after the other; `ray`
+runs one task per point on the Ray cluster at RAY_ADDRESS, or on a Ray instance started
+here with --workers CPUs. Either way an interrupted sweep resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -20,15 +25,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pending", action="store_true", help="with --list: unfinished only")
     parser.add_argument("--point", help="run this point through notebooks/03-run-config.ipynb")
     parser.add_argument("--force", action="store_true", help="run again even if finished")
+    parser.add_argument(
+        "--executor",
+        default="local",
+        choices=("local", "ray"),
+        help="local: here, point by point; ray: one Ray task per point (RAY_ADDRESS or local)",
+    )
+    parser.add_argument(
+        "--workers", type=int, help="with --executor ray and no RAY_ADDRESS: CPUs of the instance"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
+    from analysis.executors import run_points
     from analysis.sweep import (
         find_point,
         grid_points,
         is_done,
         result_folder,
-        run_point,
         run_point_notebook,
     )
 
@@ -43,9 +57,10 @@ def main(args: argparse.Namespace) -> int:
         output = run_point_notebook(point, args.grid, force=args.force)
         print(f"{point.point_id}: {result_folder(point).name} (notebook: {output})")
         return 0
-    for number, point in enumerate(points, 1):
-        if is_done(point) and not args.force:
-            continue
-        folder = run_point(point, force=args.force, progress=None)
-        print(f"[{number}/{len(points)}] {point.point_id}: {folder.name}", flush=True)
+    done = run_points(points, args.executor, force=args.force, workers=args.workers)
+    print(
+        f"{len(done.ran)} point(s) run, {len(done.skipped)} already complete, of "
+        f"{len(done.ran) + len(done.skipped)} distinct in grid {args.grid} "
+        f"({args.executor}, {done.seconds:.0f} s)"
+    )
     return 0

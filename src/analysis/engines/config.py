@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.errors import ConfigError
+from analysis.hardware import DTYPES
 
 ENGINES = ("replay", "vllm")
 MODES = ("batch", "closed-loop")
@@ -26,6 +27,7 @@ OUTPUTS = ("recorded", "free")
 DEVICES = ("cpu", "cuda")
 HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 LONG_PROMPTS = ("skip", "error")
+BLOCK_EVENTS = ("aggregate", "full")
 # The CPU attention backend only takes block sizes that are multiples of this.
 CPU_BLOCK_MULTIPLE = 32
 # The local random model's context (analysis.models.TINY.max_position_embeddings).
@@ -55,6 +57,10 @@ class RunConfig:
     hash_algo: str = "sha256"  # vLLM's prefix_caching_hash_algo (sha256 is vLLM's default)
     long_prompts: str = "skip"  # prompts >= max_model_len: "skip" (counted) or "error"
     fast_path: bool = True  # replay: do trivial decode steps outside vLLM (same results)
+    # Weights and KV dtype: None = the local model's by CPU capability (bf16 where native,
+    # else float32; analysis.hardware.choose_dtype); "bfloat16" or "float32" forces it.
+    dtype: str | None = None
+    block_events: str = "aggregate"  # write "aggregate"s of the block events, or "full" rows
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,6 +86,8 @@ class RunConfig:
             parts.append(self.outputs)
         if self.limit is not None:
             parts.append(f"first{self.limit}")
+        if self.dtype is not None:
+            parts.append(self.dtype)
         return "-".join(parts)
 
     def config_id(self, trace_hash: str) -> str:
@@ -104,8 +112,11 @@ class ExplicitOutputs:
 
 
 def config_digest(config: RunConfig, trace_hash: str, extra: str = "") -> str:
+    data = config.to_dict()
+    if data["dtype"] is None:  # by capability: the ids of runs made before the field existed
+        del data["dtype"]
     payload = json.dumps(
-        {"config": config.to_dict(), "trace_hash": trace_hash, "extra": extra},
+        {"config": data, "trace_hash": trace_hash, "extra": extra},
         sort_keys=True,
         separators=(",", ":"),
     )
@@ -120,6 +131,9 @@ def validate(config: RunConfig, *, check_environment: bool = True) -> None:
     _check_choice("device", config.device, DEVICES)
     _check_choice("hash_algo", config.hash_algo, HASH_ALGOS)
     _check_choice("long_prompts", config.long_prompts, LONG_PROMPTS)
+    if config.dtype is not None:
+        _check_choice("dtype", config.dtype, DTYPES)
+    _check_choice("block_events", config.block_events, BLOCK_EVENTS)
     _check_positive("block_size", config.block_size)
     _check_positive("num_blocks", config.num_blocks)
     _check_positive("max_model_len", config.max_model_len)

@@ -9,8 +9,13 @@ Folder `data/results/<config_id>/`:
   of max_model_len tokens or more), prompt and output tokens, cached tokens at the first
   admission, preemptions, admissions, submit / first-token / finish steps, TTFT where measured
   (real engine only), and the generated token ids when they are not the workload's outputs.
-- `block_events.parquet`: stored / hit / evicted, block hash (hex of its first 64 bits),
-  block id, request, step and time.
+- `block_stats.parquet`: the block events' exact aggregates the figures read (events per
+  kind, hits per block, reuse gaps in steps; `analysis.blockstats`). A few kB whatever the
+  run's length.
+- `block_events.parquet`, only with `RunConfig.block_events = "full"`: one row per stored /
+  hit / evicted block (block hash as the hex of its first 64 bits, block id, request, step,
+  time). A whole-trace run has tens of millions of them (hundreds of MB), so by default they
+  are kept only in memory, in the `RunResult` that `run()` returns.
 - `counters.json`: the exported counters (`vllm:prefix_cache_queries`, ...), the summed
   `PrefixCacheStats` including the hidden preempted_* fields, and where each came from.
 - `summary.json`: the headline numbers (analysis.hitrates.summarize).
@@ -33,17 +38,19 @@ import fcntl
 import os
 import shutil
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from analysis.blockstats import BlockStats
 from analysis.engines.config import RunConfig
 from analysis.errors import ResultError
 from analysis.manifest import read_json, write_json, write_parquet
 
-TABLES = ("admissions", "requests", "block_events")
+TABLES = ("admissions", "requests", "block_stats")
+OPTIONAL_TABLES = ("block_events",)
 MANIFEST = "manifest.json"
 
 
@@ -53,7 +60,8 @@ class RunResult:
     config_id: str
     admissions: pd.DataFrame
     requests: pd.DataFrame
-    block_events: pd.DataFrame
+    block_stats: BlockStats
+    block_events: pd.DataFrame | None  # None when read from a folder that kept aggregates
     counters: dict[str, Any]
     summary: dict[str, Any] = field(default_factory=dict)
     manifest: dict[str, Any] = field(default_factory=dict)
@@ -77,8 +85,8 @@ class RunResult:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
         try:
-            for name in TABLES:
-                write_parquet(staging / f"{name}.parquet", getattr(self, name))
+            for name, frame in self.tables().items():
+                write_parquet(staging / f"{name}.parquet", frame)
             write_json(staging / "counters.json", self.counters)
             write_json(staging / "summary.json", self.summary)
             write_json(staging / MANIFEST, self.manifest)
@@ -88,13 +96,44 @@ class RunResult:
             shutil.rmtree(staging, ignore_errors=True)
         return folder
 
+    def tables(self) -> dict[str, pd.DataFrame]:
+        """The tables a result folder holds: block events only when the config asks for them."""
+        tables = {
+            "admissions": self.admissions,
+            "requests": self.requests,
+            "block_stats": self.block_stats.to_frame(),
+        }
+        if self.config.block_events == "full" and self.block_events is not None:
+            tables["block_events"] = self.block_events
+        return tables
+
+    def without_block_events(self) -> RunResult:
+        """The same result less the events its folder will not hold (to send it elsewhere)."""
+        if self.config.block_events == "full":
+            return self
+        return replace(self, block_events=None)
+
     @classmethod
     def read(cls, folder: Path) -> RunResult:
         folder = Path(folder)
         if not is_complete(folder):
             raise FileNotFoundError(f"{folder} holds no complete run (no {MANIFEST})")
         manifest = _read_part(folder / MANIFEST, read_json)
-        tables = {name: _read_part(folder / f"{name}.parquet", pd.read_parquet) for name in TABLES}
+        admissions, requests = (
+            _read_part(folder / f"{name}.parquet", pd.read_parquet) for name in TABLES[:2]
+        )
+        events_path = folder / "block_events.parquet"
+        events = _read_part(events_path, pd.read_parquet) if events_path.is_file() else None
+        stats_path = folder / "block_stats.parquet"
+        if stats_path.is_file():
+            stats = BlockStats.from_frame(_read_part(stats_path, pd.read_parquet))
+        elif events is not None:  # a folder written before the aggregates existed
+            stats = BlockStats.from_events(events)
+        else:
+            raise ResultError(
+                f"{folder} has neither block_stats nor block_events: run the point again "
+                "with --force"
+            )
         try:
             config = RunConfig.from_dict(manifest["config"])
             config_id = manifest["config_id"]
@@ -106,10 +145,13 @@ class RunResult:
         return cls(
             config=config,
             config_id=config_id,
+            admissions=admissions,
+            requests=requests,
+            block_stats=stats,
+            block_events=events,
             counters=_read_part(folder / "counters.json", read_json),
             summary=_read_part(folder / "summary.json", read_json),
             manifest=manifest,
-            **tables,
         )
 
 

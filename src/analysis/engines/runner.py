@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.blockstats import BlockStats
 from analysis.engines.config import ConfigError, RunConfig, config_digest, validate
 from analysis.engines.recorder import Recorder
 from analysis.engines.result import RunResult
@@ -202,7 +203,7 @@ def _progress_bar(workload: Workload, config: RunConfig, progress: bool | None) 
         progress = sys.stderr.isatty()
     if not progress:
         return None
-    from tqdm.auto import tqdm
+    from analysis.progress import bar as tqdm
 
     total = sum(not s.skipped for s in workload.specs)
     return tqdm(total=total, unit="req", desc=f"{config.engine} b{config.block_size}")
@@ -233,6 +234,7 @@ def assemble(
         config_id=config_id,
         admissions=admissions,
         requests=requests,
+        block_stats=BlockStats.from_events(events),
         block_events=events,
         counters=counters,
     )
@@ -341,6 +343,20 @@ def _counters(
     }
 
 
+def dtype_facts(config: RunConfig) -> dict[str, Any]:
+    """The dtype the run's model computed in, and why (by capability, asked for, the model's)."""
+    from analysis.engines.vllm_args import resolve_model
+    from analysis.hardware import choose_dtype
+    from analysis.models import folder_dtype
+
+    saved = folder_dtype(resolve_model(config))
+    if config.model is None or config.dtype is not None:
+        choice = choose_dtype(config.dtype).to_dict()
+    else:
+        choice = {"dtype": saved or "auto", "reason": "the named model's own (vLLM dtype=auto)"}
+    return {**choice, "model_folder_dtype": saved}
+
+
 def build_manifest(
     config: RunConfig,
     config_id: str,
@@ -349,6 +365,7 @@ def build_manifest(
     timings: dict[str, float],
     engine_sums: dict[str, int],
 ) -> dict[str, Any]:
+    from analysis.hardware import machine
     from analysis.manifest import git_commit, package_versions
 
     return {
@@ -356,6 +373,8 @@ def build_manifest(
         "config": config.to_dict(),
         "trace": trace_info,
         "engine": engine_facts,
+        "machine": machine().to_dict(),
+        "dtype": dtype_facts(config),
         "timings": timings,
         "checks": {"per_admission_sums_equal_prefix_cache_stats": engine_sums},
         "versions": package_versions(),

@@ -18,13 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from analysis.engines.config import RunConfig
+from analysis.models import vllm_dtype
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 def resolve_model(config: RunConfig) -> str:
-    """The model folder or name: the local random Llama (built on first use) by default, a
-    registered shape's folder (analysis.model_shapes, written on first use) for a shape name."""
+    """The model folder or name: the local random Llama (built on first use, in
+    `config.dtype` or the dtype the CPU computes natively) by default, a registered shape's
+    folder (analysis.model_shapes, written on first use) for a shape name."""
     from analysis import model_shapes
 
     if model_shapes.is_shape(config.model):
@@ -33,7 +35,7 @@ def resolve_model(config: RunConfig) -> str:
         return config.model
     from analysis.models import TINY, ensure_random_llama
 
-    return str(ensure_random_llama(TINY))
+    return str(ensure_random_llama(TINY, config.dtype))
 
 
 def engine_kwargs(config: RunConfig, model: str) -> dict[str, Any]:
@@ -50,12 +52,15 @@ def engine_kwargs(config: RunConfig, model: str) -> dict[str, Any]:
         "seed": config.seed,
         "async_scheduling": False,
         "disable_log_stats": False,
+        "use_tqdm_on_load": False,  # no "Loading safetensors" bar in notebooks and logs
     }
     if config.max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
     fmt = kwargs_load_format(config, model)
     if fmt is not None:
         kwargs["load_format"] = fmt
+    # vLLM's "auto" would run a float32 folder in bf16: give the folder's dtype (or the asked one).
+    kwargs["dtype"] = config.dtype or vllm_dtype(model)
     return kwargs
 
 
@@ -90,17 +95,18 @@ def model_shape(model: str) -> dict[str, Any]:
     }
 
 
-def kv_bytes_per_block(model: str, block_size: int) -> int | None:
-    """Bytes of K and V for one block over all layers (None if the shape is unknown)."""
+def kv_bytes_per_block(model: str, block_size: int, dtype: str | None = None) -> int | None:
+    """Bytes of K and V for one block over all layers (None if the shape is unknown), in
+    `dtype` when the engine casts the model, else in the dtype the folder was saved in."""
     shape = model_shape(model)
     if not shape:
         return None
-    dtype_bytes = DTYPE_BYTES.get(shape["dtype"], 2)
+    dtype_bytes = DTYPE_BYTES.get(dtype or shape["dtype"], 2)
     return (
         2
         * shape["num_layers"]
         * shape["num_kv_heads"]
         * shape["head_size"]
         * block_size
-        * (dtype_bytes)
+        * dtype_bytes
     )

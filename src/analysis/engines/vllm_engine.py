@@ -65,7 +65,7 @@ def build_engine(config: RunConfig, forced: bool) -> tuple[Any, str, dict[str, A
     model = resolve_model(config)
     kwargs = engine_kwargs(config, model)
     if config.device == "cpu":
-        per_block = kv_bytes_per_block(model, config.block_size)
+        per_block = kv_bytes_per_block(model, config.block_size, config.dtype)
         if per_block is not None:
             kwargs["kv_cache_memory_bytes"] = per_block * config.num_blocks
         else:
@@ -190,6 +190,7 @@ def run_vllm(
         "build_seconds": round(build_seconds, 3),
         "model": model,
         "device": config.device,
+        "model_dtype": str(core.vllm_config.model_config.dtype).removeprefix("torch."),
         "forced_outputs": forced,
         "forcing": forcing["mechanism"],
         "model_runner": forcing["model_runner"],
