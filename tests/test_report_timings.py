@@ -63,3 +63,11 @@ def test_most_committed_notebooks_state_a_run_time(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("PREFIX_CACHE_LAB_ROOT", str(REPO_NOTEBOOKS.parent))
     stated = [timings.stated_seconds(p) for p in report_notebooks()]
     assert sum(v is not None for v in stated) >= len(stated) - 2
+
+
+def test_format_seconds_carries_rounded_minutes():
+    from analysis.report_timings import format_seconds
+
+    assert format_seconds(659.7) == "11m00s"
+    assert format_seconds(125) == "2m05s"
+    assert format_seconds(42.3) == "42 s"

@@ -111,7 +111,8 @@ def table(timings: dict[str, Any]) -> str:
 def format_seconds(seconds: float) -> str:
     if seconds < 60:
         return f"{seconds:.0f} s"
-    return f"{int(seconds // 60)}m{int(round(seconds % 60)):02d}s"
+    minutes, rest = divmod(int(round(seconds)), 60)
+    return f"{minutes}m{rest:02d}s"
 
 
 def stated_seconds(notebook: Path) -> float | None:
