@@ -89,7 +89,8 @@ def test_local_and_ray_give_identical_tables(grid, local_results, ray_instance, 
     assert len(done.ran) == 4 and not done.skipped
     for point in points:
         same_tables(sweep.result_folder(point, local_results), sweep.result_folder(point, tmp_path))
-    assert not list(tmp_path.glob(".*"))  # no staging folder left behind
+    # no staging folder left behind (writers' lock files may stay)
+    assert not [p for p in tmp_path.glob(".*") if p.suffix != ".lock"]
     again = executors.run_points(points, "ray", results=tmp_path, progress=False)
     assert not again.ran and len(again.skipped) == 4
 

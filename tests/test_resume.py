@@ -307,7 +307,7 @@ def test_two_processes_saving_figures_into_one_folder_lose_no_caption(tmp_path):
     ("part", "damage"),
     [
         ("admissions.parquet", lambda data: data[: len(data) // 2]),
-        ("block_events.parquet", lambda data: b"PAR1" + b"\0" * 64 + b"PAR1"),
+        ("block_stats.parquet", lambda data: b"PAR1" + b"\0" * 64 + b"PAR1"),
         ("requests.parquet", lambda data: b""),
         ("summary.json", lambda data: data[:-5]),
         ("manifest.json", lambda data: b'{"no": "config"}'),

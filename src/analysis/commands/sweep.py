@@ -17,6 +17,7 @@ here with --workers CPUs. Either way an interrupted sweep resumes where it stopp
 from __future__ import annotations
 
 import argparse
+import sys
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -57,7 +58,16 @@ def main(args: argparse.Namespace) -> int:
         output = run_point_notebook(point, args.grid, force=args.force)
         print(f"{point.point_id}: {result_folder(point).name} (notebook: {output})")
         return 0
-    done = run_points(points, args.executor, force=args.force, workers=args.workers)
+    total = len({result_folder(point) for point in points})  # series may share a point
+    written = iter(range(1, total + 1))
+
+    def say_done(point) -> None:  # one line per point written, as it happens
+        print(f"[{next(written)}/{total}] {point.point_id}: {result_folder(point).name}")
+        sys.stdout.flush()
+
+    done = run_points(
+        points, args.executor, force=args.force, workers=args.workers, on_done=say_done
+    )
     print(
         f"{len(done.ran)} point(s) run, {len(done.skipped)} already complete, of "
         f"{len(done.ran) + len(done.skipped)} distinct in grid {args.grid} "
