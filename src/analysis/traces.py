@@ -674,6 +674,7 @@ def save_traces(
     A folder without manifest.json holds an unfinished build. The JSONL export repeats each
     prompt's whole history as text (hundreds of MB for the whole data set): opt in.
     """
+    from analysis.hardware import default_dtype, machine_facts
     from analysis.manifest import git_commit, package_versions, write_json
     from analysis.paths import traces_dir
 
@@ -705,6 +706,8 @@ def save_traces(
         "template": template_info(),
         "seconds": {**trace_set.seconds, "save": round(time.perf_counter() - started, 3)},
         "package_versions": package_versions(),
+        "machine": machine_facts().to_dict(),
+        "model_dtype": default_dtype().to_dict(),  # what the local models use on this machine
         "git_commit": git_commit(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **(manifest_extra or {}),

@@ -18,6 +18,7 @@ from pathlib import Path
 def configure(parser: argparse.ArgumentParser) -> None:
     from analysis.engines.config import (
         DEVICES,
+        DTYPES,
         ENGINES,
         HASH_ALGOS,
         LONG_PROMPTS,
@@ -33,6 +34,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=ENGINES, default=d.engine)
     parser.add_argument(
         "--model", default=None, help="model for the vllm engine (default: local random Llama)"
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=None,
+        help="model dtype (default: bfloat16 where the machine computes it natively, else float32)",
     )
     parser.add_argument("--block-size", type=int, default=d.block_size)
     parser.add_argument("--num-blocks", type=int, default=d.num_blocks)
@@ -80,6 +87,7 @@ def config_from_args(args: argparse.Namespace):
         trace=args.trace,
         engine=args.engine,
         model=args.model,
+        dtype=args.dtype,
         block_size=args.block_size,
         num_blocks=args.num_blocks,
         max_model_len=args.max_model_len,

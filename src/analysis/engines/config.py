@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from analysis.hardware import DTYPES
+
 ENGINES = ("replay", "vllm")
 MODES = ("batch", "closed-loop")
 OUTPUTS = ("recorded", "free")
@@ -41,6 +43,7 @@ class RunConfig:
     trace: str = "multi_turn"  # a trace name under data/traces/ or a path to a .parquet file
     engine: str = "replay"  # "replay" (vLLM's scheduler without a model) or "vllm" (real LLM)
     model: str | None = None  # None: the local random-weight Llama (analysis.models.TINY)
+    dtype: str | None = None  # None: bf16 where the machine computes it natively, else float32
     block_size: int = 16  # tokens per KV block
     num_blocks: int = 1024  # KV cache capacity in blocks (block 0 is vLLM's null block)
     max_model_len: int = 8192
@@ -82,6 +85,8 @@ class RunConfig:
             parts.append(self.outputs)
         if self.limit is not None:
             parts.append(f"first{self.limit}")
+        if self.dtype is not None:
+            parts.append(self.dtype)
         return "-".join(parts)
 
     def config_id(self, trace_hash: str) -> str:
@@ -122,6 +127,8 @@ def validate(config: RunConfig, *, check_environment: bool = True) -> None:
     _check_choice("device", config.device, DEVICES)
     _check_choice("hash_algo", config.hash_algo, HASH_ALGOS)
     _check_choice("long_prompts", config.long_prompts, LONG_PROMPTS)
+    if config.dtype is not None:
+        _check_choice("dtype", config.dtype, DTYPES)
     _check_positive("block_size", config.block_size)
     _check_positive("num_blocks", config.num_blocks)
     _check_positive("max_model_len", config.max_model_len)

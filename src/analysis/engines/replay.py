@@ -58,7 +58,6 @@ class ReplayEngine:
 
 
 def build_replay_engine(config: RunConfig, model: str) -> ReplayEngine:
-    import torch
     from vllm.engine.arg_utils import EngineArgs
     from vllm.usage.usage_lib import UsageContext
     from vllm.utils.hashing import get_hash_fn_by_name
@@ -79,7 +78,7 @@ def build_replay_engine(config: RunConfig, model: str) -> ReplayEngine:
         block_size=vllm_config.cache_config.block_size,
         num_kv_heads=shape["num_kv_heads"],
         head_size=shape["head_size"],
-        dtype=torch.bfloat16,
+        dtype=vllm_config.model_config.dtype,
     )
     kv_cache_config = KVCacheConfig(
         num_blocks=config.num_blocks,
@@ -613,4 +612,5 @@ def resolved_settings(vllm_config: Any, scheduler: Any) -> dict[str, Any]:
         "policy": str(sched.policy),
         "prefix_caching_hash_algo": cache.prefix_caching_hash_algo,
         "watermark": getattr(sched, "watermark", None),
+        "dtype": str(vllm_config.model_config.dtype).removeprefix("torch."),
     }

@@ -312,6 +312,8 @@ def build_manifest(
     timings: dict[str, float],
     engine_sums: dict[str, int],
 ) -> dict[str, Any]:
+    from analysis.engines.vllm_args import dtype_choice
+    from analysis.hardware import machine_facts
     from analysis.manifest import git_commit, package_versions
 
     return {
@@ -319,6 +321,8 @@ def build_manifest(
         "config": config.to_dict(),
         "trace": trace_info,
         "engine": engine_facts,
+        "dtype": dtype_choice(config),
+        "machine": machine_facts().to_dict(),
         "timings": timings,
         "checks": {"per_admission_sums_equal_prefix_cache_stats": engine_sums},
         "versions": package_versions(),

@@ -6,6 +6,9 @@
 - `async_scheduling=False`: one `schedule()` and one `update_from_output()` per step, so a
   closed-loop client's next turn arrives at the same step boundary in both engines.
 - `disable_log_stats=False`: the stat loggers (and so the exported counters) are on.
+
+The dtype is always passed: vLLM's "auto" would run a float32 folder in bf16 on any x86 CPU,
+~150x slower where bf16 is not native.
 """
 
 from __future__ import annotations
@@ -17,6 +20,18 @@ from typing import Any
 from analysis.engines.config import RunConfig
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+# What vLLM is told when a named model runs without --dtype: its own choice.
+AUTO = "auto"
+
+
+def dtype_choice(config: RunConfig) -> dict[str, str]:
+    """The dtype the run asks vLLM for, and why: --dtype, else by capability for the local
+    model, else vLLM's own choice for a named model."""
+    from analysis.hardware import choose_dtype
+
+    if config.dtype is None and config.model is not None:
+        return {"dtype": AUTO, "reason": "a named model without --dtype: vLLM's choice"}
+    return choose_dtype(config.dtype, config.device).to_dict()
 
 
 def resolve_model(config: RunConfig) -> str:
@@ -25,7 +40,18 @@ def resolve_model(config: RunConfig) -> str:
         return config.model
     from analysis.models import TINY, ensure_random_llama
 
-    return str(ensure_random_llama(TINY))
+    return str(ensure_random_llama(TINY, dtype_choice(config)["dtype"]))
+
+
+def model_dtype(config: RunConfig, model: str) -> str:
+    """The dtype vLLM runs the model in: --dtype, else the local folder's, else "auto"."""
+    if config.dtype is not None:
+        return config.dtype
+    if config.model is None:
+        from analysis.models import built_dtype
+
+        return built_dtype(model) or AUTO
+    return AUTO
 
 
 def engine_kwargs(config: RunConfig, model: str) -> dict[str, Any]:
@@ -42,6 +68,7 @@ def engine_kwargs(config: RunConfig, model: str) -> dict[str, Any]:
         "seed": config.seed,
         "async_scheduling": False,
         "disable_log_stats": False,
+        "dtype": model_dtype(config, model),
     }
     if config.max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
@@ -63,12 +90,16 @@ def model_shape(model: str) -> dict[str, Any]:
     }
 
 
-def kv_bytes_per_block(model: str, block_size: int) -> int | None:
-    """Bytes of K and V for one block over all layers (None if the shape is unknown)."""
+def kv_bytes_per_block(model: str, block_size: int, dtype: str | None = None) -> int | None:
+    """Bytes of K and V for one block over all layers (None if the shape is unknown).
+
+    `dtype`: the dtype the engine runs in; None or "auto": the one in the model's config.
+    """
     shape = model_shape(model)
     if not shape:
         return None
-    dtype_bytes = DTYPE_BYTES.get(shape["dtype"], 2)
+    used = shape["dtype"] if dtype in (None, AUTO) else dtype
+    dtype_bytes = DTYPE_BYTES.get(used, 2)
     return (
         2
         * shape["num_layers"]

@@ -45,7 +45,7 @@ def build_llm(config: RunConfig, forced: bool) -> tuple[Any, str]:
     model = resolve_model(config)
     kwargs = engine_kwargs(config, model)
     if config.device == "cpu":
-        per_block = kv_bytes_per_block(model, config.block_size)
+        per_block = kv_bytes_per_block(model, config.block_size, kwargs["dtype"])
         if per_block is not None:
             kwargs["kv_cache_memory_bytes"] = per_block * config.num_blocks
         else:
