@@ -84,9 +84,15 @@ $(RUNS)/%.ipynb:
 sweep-inline: traces ## run every unfinished point of GRID in one process (no per-point start-up)
 	$(PY) -m analysis sweep --grid $(GRID)
 
+# Each long step is timed into reports/timings.json; the table is printed at the end.
+STAGE = $(PY) -m analysis stage
+
 .PHONY: report
-report: sweep-inline ## build traces, run the sweep, re-execute every notebook; figures + HTML report
-	@$(MAKE) --no-print-directory -j$(JOBS) sweep
+report: setup ## build traces, run the sweep, re-execute every notebook; figures + HTML report
+	@$(PY) -m analysis report --plan
+	@$(STAGE) traces -- $(PY) -m analysis traces
+	@$(STAGE) sweep-inline -- $(PY) -m analysis sweep --grid $(GRID)
+	@$(STAGE) sweep-notebooks -- $(MAKE) --no-print-directory -j$(JOBS) sweep
 	$(PY) -m analysis report
 
 .PHONY: FORCE

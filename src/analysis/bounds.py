@@ -38,7 +38,6 @@ ever needed.
 
 from __future__ import annotations
 
-import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -569,13 +568,9 @@ def opt_request_hits(index: TraceIndex, block_size: int, capacity: int) -> np.nd
 
 
 def _progress(items: list[Any], enabled: bool | None, unit: str) -> Iterable[Any]:
-    if enabled is None:
-        enabled = sys.stderr.isatty()
-    if not enabled or len(items) < 2:
-        return items
-    from tqdm.auto import tqdm
+    from analysis.progress import bar
 
-    return tqdm(items, unit=unit, file=sys.stderr)
+    return items if len(items) < 2 else bar(items, enabled=enabled, unit=unit)
 
 
 def _next_eligible_use(keys: BlockKeys) -> np.ndarray:

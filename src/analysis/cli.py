@@ -14,6 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bounds": ("bounds", "ideal, LRU and optimal hit rates of a trace, without an engine"),
     "serve-bench": ("serve_bench", "TTFT and throughput against a real vLLM server"),
     "report": ("report", "re-execute the notebooks with papermill and build the HTML report"),
+    "stage": ("stage", "run a command and record its wall time in reports/timings.json"),
 }
 
 

@@ -218,11 +218,11 @@ def run_point_notebook(point: Point, grid: str | Path, *, force: bool = False) -
 
 def ensure_grid(name_or_path: str | Path, *, progress: bool = True) -> list[Point]:
     """Run, inline, every point of the grid whose result is missing (finished ones are kept)."""
-    from tqdm.auto import tqdm
+    from analysis.progress import bar
 
     points = grid_points(name_or_path)
     missing = [p for p in points if not is_done(p)]
-    for point in tqdm(missing, desc="sweep points", unit="point", disable=not progress):
+    for point in bar(missing, enabled=progress, desc="sweep points", unit="point"):
         run_point(point)
     return points
 

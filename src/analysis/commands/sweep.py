@@ -47,6 +47,8 @@ def main(args: argparse.Namespace) -> int:
             output = run_point_notebook(point, args.grid, force=args.force)
             print(f"{point.point_id}: {result_folder(point).name} (notebook: {output})")
             return 0
+        pending = sum(args.force or not is_done(p) for p in points)
+        print(f"{args.grid}: {pending} of {len(points)} points to compute", flush=True)
         for number, point in enumerate(points, 1):
             if is_done(point) and not args.force:
                 continue

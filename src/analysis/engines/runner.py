@@ -8,7 +8,6 @@ counters and the manifest, and checks vLLM's own statistics against the per-admi
 from __future__ import annotations
 
 import hashlib
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -161,14 +160,14 @@ def frame_sha256(frame: pd.DataFrame) -> str:
 
 
 def _progress_bar(workload: Workload, config: RunConfig, progress: bool | None) -> Any:
-    if progress is None:
-        progress = sys.stderr.isatty()
-    if not progress:
-        return None
-    from tqdm.auto import tqdm
+    from analysis.progress import bar, interactive
 
+    if progress is False or not interactive():
+        return None
     total = sum(not s.skipped for s in workload.specs)
-    return tqdm(total=total, unit="req", desc=f"{config.engine} b{config.block_size}")
+    return bar(
+        total=total, enabled=progress, unit="req", desc=f"{config.engine} b{config.block_size}"
+    )
 
 
 def assemble(

@@ -6,6 +6,7 @@
 - `async_scheduling=False`: one `schedule()` and one `update_from_output()` per step, so a
   closed-loop client's next turn arrives at the same step boundary in both engines.
 - `disable_log_stats=False`: the stat loggers (and so the exported counters) are on.
+- `use_tqdm_on_load=False`: no weight-loading bar in the notebooks' outputs.
 
 The dtype is always passed: vLLM's "auto" would run a float32 folder in bf16 on any x86 CPU,
 ~150x slower where bf16 is not native.
@@ -68,6 +69,7 @@ def engine_kwargs(config: RunConfig, model: str) -> dict[str, Any]:
         "seed": config.seed,
         "async_scheduling": False,
         "disable_log_stats": False,
+        "use_tqdm_on_load": False,  # a bar per load: noise in notebooks, instant for small models
         "dtype": model_dtype(config, model),
     }
     if config.max_num_batched_tokens is not None:
