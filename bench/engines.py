@@ -51,7 +51,7 @@ def _throughput(result) -> tuple[float, float, float]:
     return seconds, requests / seconds, tokens / seconds
 
 
-def compare_on_sample(frame) -> None:
+def compare_on_sample(frame) -> dict[str, float]:
     from analysis.engines import RunConfig, run
 
     config = RunConfig(
@@ -95,6 +95,7 @@ def compare_on_sample(frame) -> None:
         f"  replay / vllm: {rows[1][0] / rows[0][0]:.1f}x requests/s, "
         f"{rows[1][1] / rows[0][1]:.1f}x tokens/s"
     )
+    return {"replay / vllm requests/s": rows[1][0] / rows[0][0]}
 
 
 def whole_trace(frame, source: str) -> None:
@@ -132,10 +133,11 @@ def whole_trace(frame, source: str) -> None:
     )
 
 
-def main() -> None:
+def main() -> dict[str, float]:
     frame, source = _trace()
-    compare_on_sample(frame)
+    ratios = compare_on_sample(frame)
     whole_trace(frame, source)
+    return ratios
 
 
 if __name__ == "__main__":

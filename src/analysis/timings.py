@@ -124,7 +124,7 @@ def machine_line() -> str:
     facts, choice = machine_facts(), default_dtype()
     return (
         f"machine: {facts.cpu_cores} cores, torch dispatches {facts.cpu_capability}; "
-        f"local models in {choice.dtype} ({choice.reason})"
+        f"local models in {choice.dtype}: {choice.reason}"
     )
 
 
