@@ -101,3 +101,14 @@ def test_an_executed_notebook_has_no_progress_noise(tmp_path):
     outputs = [o for cell in nbformat.read(output, 4).cells for o in cell.get("outputs", [])]
     assert [o.get("name") for o in outputs] == ["stdout"]
     assert outputs[0]["text"] == "done\n"
+
+
+def test_report_plan_prints_the_estimate_and_starts_a_run(root, capsys):
+    (root / "notebooks").mkdir()
+    (root / "notebooks" / "01-first.ipynb").write_text("{}")
+    assert cli.main(["report", "--plan"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("machine: ") and "estimated time" in out
+    for stage in (*timings.PIPELINE_STAGES, "01-first", timings.HTML_STAGE):
+        assert stage in out
+    assert timings.load()["finished"] is False
