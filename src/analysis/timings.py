@@ -22,16 +22,25 @@ TIMINGS_FILE = "timings.json"
 # The stages of `make report`, in order; each notebook is a stage of its own, after these.
 PIPELINE_STAGES = ("traces", "sweep-inline", "sweep-notebooks")
 HTML_STAGE = "html"
-# Seconds per stage when this machine has no previous run: measured on a 2-core x86 CPU
-# (bf16-capable, float32 models under AVX2 emulation gave the same order), rounded up.
-# A notebook not listed here counts DEFAULT_NOTEBOOK_SECONDS.
+# Seconds per stage when this machine has no previous run, rounded up from runs on a shared
+# 2-core x86 CPU (AVX-512, and the same with torch and oneDNN capped at AVX2, float32 models).
+# Update them from a fresh `make report` on the reference machine (README, "Time budgets").
 REFERENCE_SECONDS: dict[str, float] = {
-    "traces": 90,
-    "sweep-inline": 420,
-    "sweep-notebooks": 300,
-    HTML_STAGE: 30,
+    "traces": 70,
+    "sweep-inline": 720,
+    "sweep-notebooks": 240,
+    "00-download-sharegpt": 10,
+    "01-build-traces": 10,
+    "02-identical-requests": 45,
+    "03-run-config": 10,
+    "04-why-few-blocks-inflate-hit-rate": 15,
+    "05-multi-vs-single-turn": 20,
+    "06-block-size": 15,
+    "07-bounds-and-production-traces": 25,
+    HTML_STAGE: 10,
 }
-DEFAULT_NOTEBOOK_SECONDS = 120.0
+# A notebook without a reference time (notebook 08 states about 5 minutes).
+DEFAULT_NOTEBOOK_SECONDS = 300.0
 
 
 @dataclass(frozen=True)
