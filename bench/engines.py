@@ -4,7 +4,9 @@
    configuration on both engines: requests/s and tokens/s (prompt + generated tokens over the
    step loop, start-up excluded and reported apart), and their ratio.
 2. The WHOLE multi-turn trace (recorded replies decoded) through `replay` at one
-   configuration: wall and CPU seconds, requests/s, tokens/s.
+   configuration: wall and CPU seconds, requests/s, tokens/s; the same run without the hot-path
+   savings (`analysis.engines.replay.HOT_PATH = False`) first, their ratio, and that every count
+   is the same; the size of its result folder, and what its block events would add in full.
 
 Uses data/traces/multi_turn.parquet; without it, a synthetic trace of the same size and shape
 (said so in the output).
@@ -51,7 +53,7 @@ def _throughput(result) -> tuple[float, float, float]:
     return seconds, requests / seconds, tokens / seconds
 
 
-def compare_on_sample(frame) -> dict[str, float]:
+def compare_on_sample(frame) -> None:
     from analysis.engines import RunConfig, run
 
     config = RunConfig(
@@ -95,11 +97,12 @@ def compare_on_sample(frame) -> dict[str, float]:
         f"  replay / vllm: {rows[1][0] / rows[0][0]:.1f}x requests/s, "
         f"{rows[1][1] / rows[0][1]:.1f}x tokens/s"
     )
-    return {"replay / vllm requests/s": rows[1][0] / rows[0][0]}
 
 
-def whole_trace(frame, source: str) -> None:
+def _whole_trace_run(frame, hot_path: bool):
+    """One whole-trace replay with the hot-path savings on or off: (result, wall s, CPU s)."""
     from analysis.engines import RunConfig, run
+    from analysis.engines import replay as replay_module
 
     config = RunConfig(
         trace="multi_turn",
@@ -108,11 +111,42 @@ def whole_trace(frame, source: str) -> None:
         num_blocks=WHOLE_NUM_BLOCKS,
         mode="batch",
     )
-    wall = time.perf_counter()
-    cpu = time.process_time()
-    result = run(frame, config, progress=False)
-    wall = time.perf_counter() - wall
-    cpu = time.process_time() - cpu
+    saved = replay_module.HOT_PATH
+    replay_module.HOT_PATH = hot_path
+    try:
+        wall = time.perf_counter()
+        cpu = time.process_time()
+        result = run(frame, config, progress=False)
+        return result, time.perf_counter() - wall, time.process_time() - cpu
+    finally:
+        replay_module.HOT_PATH = saved
+
+
+def _counts(result) -> dict:
+    """Every count of a run (wall-clock seconds left out)."""
+    summary = dict(result.summary)
+    summary["blocks"] = {k: v for k, v in summary["blocks"].items() if k != "reuse_gap_seconds"}
+    return summary
+
+
+def _folder_sizes(result) -> tuple[int, int]:
+    """Bytes of the result folder as written (aggregates), and of its block events in full."""
+    import tempfile
+    from pathlib import Path
+
+    from analysis.manifest import write_parquet
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = result.write(Path(tmp) / "result")
+        written = sum(p.stat().st_size for p in folder.iterdir())
+        events = Path(tmp) / "block_events.parquet"
+        write_parquet(events, result.block_events)
+        return written, events.stat().st_size
+
+
+def whole_trace(frame, source: str) -> None:
+    old, old_wall, old_cpu = _whole_trace_run(frame, hot_path=False)
+    result, wall, cpu = _whole_trace_run(frame, hot_path=True)
     s = result.summary
     engine = result.manifest["engine"]
     tokens = s["prompt_tokens"] + s["output_tokens"]
@@ -131,13 +165,23 @@ def whole_trace(frame, source: str) -> None:
         f"{s['all_prefill']['rate']:.2%}, preemptions {s['preemptions']}, "
         f"{engine['steps']} steps ({engine['scheduler_calls']} schedule() calls)"
     )
+    same = _counts(old) == _counts(result)
+    print(
+        f"  hot-path savings: {old_wall:.1f} s before -> {wall:.1f} s after (wall; CPU "
+        f"{old_cpu:.1f} s -> {cpu:.1f} s), {old_wall / wall:.2f}x faster wall, "
+        f"{old_cpu / cpu:.2f}x CPU; identical counts: {same}"
+    )
+    written, events = _folder_sizes(result)
+    print(
+        f"  result folder: {written / 1e6:.1f} MB with block events as aggregates "
+        f"({len(result.block_events):,} events would add {events / 1e6:.0f} MB in full)"
+    )
 
 
-def main() -> dict[str, float]:
+def main() -> None:
     frame, source = _trace()
-    ratios = compare_on_sample(frame)
+    compare_on_sample(frame)
     whole_trace(frame, source)
-    return ratios
 
 
 if __name__ == "__main__":

@@ -1,9 +1,6 @@
 """`make bench`: time the heavy paths, each benchmark printing ratios measured in the same run.
 
-Run one with `python bench/run.py traces` (names: dtype, traces, engines, bounds, serving).
-A benchmark's `main()` may return {ratio name: value}; the ratios of every benchmark are
-printed again in one table at the end, with the machine they were measured on. Speed is
-only ever compared within one run: no test asserts on it.
+Run one with `python bench/run.py traces` (names: traces, engines, bounds, serving, sweep).
 """
 
 from __future__ import annotations
@@ -13,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-BENCHMARKS = ("dtype", "traces", "engines", "bounds", "serving")
+BENCHMARKS = ("traces", "engines", "bounds", "serving", "sweep")
 
 
 def load(name: str):
@@ -31,32 +28,12 @@ def main(argv: list[str]) -> int:
     if unknown:
         print(f"unknown benchmark(s): {', '.join(unknown)}; choose from {', '.join(BENCHMARKS)}")
         return 2
-    from analysis.timings import machine_line
-
-    print(machine_line(), flush=True)
-    seconds: dict[str, float] = {}
-    ratios: list[tuple[str, str, float]] = []
     for name in chosen:
         print(f"\n=== bench: {name} ===", flush=True)
         started = time.perf_counter()
-        measured = load(name).main()
-        seconds[name] = time.perf_counter() - started
-        ratios += [(name, ratio, value) for ratio, value in (measured or {}).items()]
-        print(f"=== {name}: {seconds[name]:.1f} s ===", flush=True)
-    print_summary(seconds, ratios)
+        load(name).main()
+        print(f"=== {name}: {time.perf_counter() - started:.1f} s ===", flush=True)
     return 0
-
-
-def print_summary(seconds: dict[str, float], ratios: list[tuple[str, str, float]]) -> None:
-    """One table: each benchmark's wall time, then every ratio measured in this run."""
-    print("\n=== summary (this run, this machine) ===")
-    for name, value in seconds.items():
-        print(f"  {name:10s} {value:8.1f} s")
-    if ratios:
-        width = max(len(ratio) for _, ratio, _ in ratios)
-        print(f"  {'benchmark':10s} {'ratio':{width}s} {'value':>9s}")
-        for name, ratio, value in ratios:
-            print(f"  {name:10s} {ratio:{width}s} {value:9.3g}")
 
 
 if __name__ == "__main__":

@@ -3,10 +3,12 @@
 Runs, fresh each time (results under data/results/bench/serving, apart from the notebooks'
 cache): the synthetic shared-prefix workload on a `vllm serve` with caching on, then off
 (prefixes 0/512/1024/2048 tokens, concurrency 1 and 8), and seed 004's offline sweep
-(requests/s against the shared fraction of 1000-token prompts). Prints the tables, the TTFT
-ratio off/on at the longest prefix, and the server start-up times.
+(requests/s against the shared fraction of 1000-token prompts), and the cost of finding a
+prompt's cached prefix token by token (a radix tree) against vLLM's hashed full blocks, on the
+same real multi-turn prompts. Prints the tables, the TTFT and TPOT ratios off/on at the
+longest prefix, the matching-cost ratio, and the server start-up times.
 
-    .venv/bin/python bench/serving.py [--model PATH] [--requests N] [--no-sweep]
+    .venv/bin/python bench/serving.py [--model PATH] [--requests N] [--no-sweep] [--no-match]
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--fractions", type=float, nargs="+", default=[0.0, 0.5, 1.0])
     parser.add_argument("--sweep-repeats", type=int, default=2, help="best of N batches")
     parser.add_argument("--no-sweep", action="store_true", help="skip the offline sweep")
+    parser.add_argument("--no-match", action="store_true", help="skip the matching-cost timing")
+    parser.add_argument("--match-prompts", type=int, default=400)
     args = parser.parse_args([] if argv is None else argv)  # bench/run.py calls main()
     root = results_dir() / "bench" / "serving"
 
@@ -62,11 +66,15 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     longest = str(max(config.prefixes))
     for row in comparison[comparison["prefix_regime"] == longest].itertuples():
         ratios[f"ttft_ratio_p{longest}_c{row.concurrency}"] = float(row.ttft_ratio)
+        ratios[f"tpot_ratio_p{longest}_c{row.concurrency}"] = float(
+            row.tpot_no_cache_s / row.tpot_cache_s
+        )
         print(
             f"TTFT ratio off/on at a {longest}-token shared prefix, concurrency "
             f"{row.concurrency}: {row.ttft_ratio:.2f}x "
             f"({row.ttft_no_cache_s:.3f} s -> {row.ttft_cache_s:.3f} s; measured saving "
-            f"{row.measured_saving:.0%}, predicted P/(P+S) {row.predicted_saving:.0%})"
+            f"{row.measured_saving:.0%}, predicted P/(P+S) {row.predicted_saving:.0%}); "
+            f"TPOT ratio off/on {row.tpot_no_cache_s / row.tpot_cache_s:.2f}x"
         )
     for mode, startup in table.groupby("mode")["server_startup_s"].first().items():
         print(f"server start-up ({mode}): {startup:.1f} s")
@@ -91,7 +99,27 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         for row in wide.itertuples():
             ratios[f"sweep_speedup_f{row.fraction:g}"] = float(row.speedup)
         print(f"sweep wall time: {time.perf_counter() - started:.0f} s")
+    if not args.no_match:
+        ratios.update(_matching_cost(args.match_prompts))
     return ratios
+
+
+def _matching_cost(count: int) -> dict[str, float]:
+    """Token-level (radix tree) against block-hash prefix lookup on real trace prompts."""
+    import pandas as pd
+
+    from analysis import prefix_match
+    from analysis.paths import traces_dir
+    from analysis.traces import load_trace
+
+    trace = load_trace(traces_dir() / "multi_turn.parquet")
+    prompts = [list(map(int, ids)) for ids in trace["prompt_ids"].head(count)]
+    rows = [prefix_match.time_lookups(prompts, 32, kind) for kind in ("radix", "blockhash")]
+    print(f"\nFinding the cached prefix of {len(prompts)} multi-turn prompts (lookup + store):")
+    _print(pd.DataFrame(rows))
+    ratio = rows[0]["us_per_request"] / rows[1]["us_per_request"]
+    print(f"token-level radix tree / vLLM block hashing, time per request: {ratio:.2f}x")
+    return {"radix_over_blockhash_time": ratio}
 
 
 if __name__ == "__main__":

@@ -352,14 +352,14 @@ def test_vllm_pool_is_lru_with_the_capacity_left_between_requests():
 
 
 def run_command(argv: list[str], capsys) -> tuple[int, str]:
-    from analysis.cli import CommandError
     from analysis.commands import bounds as command
+    from analysis.errors import AnalysisError
 
     parser = argparse.ArgumentParser()
     command.configure(parser)
     try:
         code = command.main(parser.parse_args(argv))
-    except CommandError as exc:
+    except AnalysisError as exc:
         return 2, str(exc)
     return code, capsys.readouterr().out
 

@@ -102,9 +102,13 @@ def test_identical_prompts_on_the_real_engine():
     # the rate vLLM's logger shows is this cumulative rate (fewer than 1000 requests)
     assert real.counters["logged_window_hit_rate"] == pytest.approx(rates[-1])
     assert hitrates.windowed(real.admissions)["window_rate"].iloc[-1] == pytest.approx(rates[-1])
-    if real.counters["logger_window_hit_rate"] is not None:  # when vLLM logs at INFO level
-        assert real.counters["logger_window_hit_rate"] == pytest.approx(rates[-1])
+    # and vLLM's own LoggingStatLogger, fed by the engine, shows it too
+    assert real.counters["logger_window_hit_rate"] == pytest.approx(rates[-1])
     assert_same_accounting(real, replayed)
+    # a CPU resolves Model Runner V1, so the recorded replies are forced by the logits processor
+    engine = real.manifest["engine"]
+    assert (engine["model_runner"], engine["forcing"]) == ("v1", "logits-processor")
+    assert engine["forced_output_mismatches"] == 0
 
 
 def test_real_sharegpt_sample_on_both_engines():
@@ -138,3 +142,21 @@ def test_real_sharegpt_sample_on_both_engines():
         computed = earlier.prompt_tokens + earlier.output_tokens - 1
         assert later.cached_tokens >= computed // 32 * 32
     assert requests.loc[requests["turn_index"] > 0, "cached_tokens"].sum() > 0
+
+
+def test_the_minimum_number_of_blocks_is_the_one_vllm_accepts():
+    """validate()'s minimum, ceil(max_model_len / block_size) + 1, against vLLM itself: the
+    real engine refuses one block fewer and starts with exactly that many."""
+    from analysis.engines.vllm_engine import build_llm
+
+    config = RunConfig(engine="vllm", block_size=32, max_model_len=1024, num_blocks=64)
+    smallest = config.min_num_blocks
+    assert smallest == 1024 // 32 + 1
+    with pytest.raises(ValueError, match=r"max seq len \(1024\)"):
+        build_llm(config.with_(num_blocks=smallest - 1), forced=False)
+    llm, _ = build_llm(config.with_(num_blocks=smallest), forced=False)
+    try:
+        core = llm.llm_engine.engine_core.engine_core
+        assert core.scheduler.kv_cache_manager.block_pool.num_gpu_blocks == smallest
+    finally:
+        llm.llm_engine.engine_core.shutdown()

@@ -1,7 +1,7 @@
-"""The dtype by capability: bf16 only where the CPU computes it natively, else float32.
+"""The local models' dtype follows what the CPU computes natively, and an explicit one wins.
 
-The emulation test starts a real Python with torch dispatching AVX2 kernels and oneDNN limited
-to AVX2 (what an AVX2-only CPU gives), and checks that the choice resolves to float32 there.
+Unit tests fake the machine facts; the end-to-end ones build the real model folder under torch's
+AVX2 emulation (`ATEN_CPU_CAPABILITY=avx2`) and run the real CPU engine in float32.
 """
 
 from __future__ import annotations
@@ -10,96 +10,168 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from analysis.engines import ConfigError, RunConfig
-from analysis.engines.config import validate
-from analysis.hardware import MachineFacts, choose_dtype, default_dtype, machine_facts
+from analysis.engines.config import RunConfig, validate
+from analysis.errors import ConfigError
+from analysis.hardware import DTYPE_ENV, Machine, choose_dtype, machine
 
-# The variables that make this process see an AVX2-only CPU (torch's dispatch and oneDNN).
-AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
-SAPPHIRE_RAPIDS = MachineFacts(
-    machine="x86_64",
-    processor="Intel Xeon",
-    cpu_cores=2,
-    torch_threads=2,
-    cpu_capability="AVX512",
-    avx512_bf16=True,
-    amx_tile=True,
-    onednn_max_cpu_isa=None,
-    cuda=False,
-    cuda_device=None,
-    cuda_bf16=None,
+
+def fake(capability: str, flags: tuple[str, ...]) -> Machine:
+    return Machine(cpu_capability=capability, cpu_flags=flags, cpu_name="x", cores=2, cuda=False)
+
+
+@pytest.fixture(autouse=True)
+def no_env_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(DTYPE_ENV, raising=False)
+
+
+@pytest.mark.parametrize(
+    ("capability", "flags", "expected"),
+    [
+        ("AVX512", ("avx512_bf16", "amx_bf16"), "bfloat16"),
+        ("AVX512", ("amx_bf16",), "bfloat16"),
+        ("AVX512", (), "float32"),  # AVX-512 without bf16 instructions (e.g. Skylake-X)
+        ("AVX2", ("avx512_bf16", "amx_bf16"), "float32"),  # torch dispatches AVX2 only
+        ("DEFAULT", (), "float32"),
+    ],
 )
-EPYC_AVX2 = replace(SAPPHIRE_RAPIDS, cpu_capability="AVX2", avx512_bf16=False, amx_tile=False)
+def test_dtype_by_capability(capability: str, flags: tuple[str, ...], expected: str) -> None:
+    choice = choose_dtype(None, fake(capability, flags))
+    assert choice.dtype == expected
+    assert capability in choice.reason
 
 
-def test_bf16_needs_the_instructions_and_avx512_dispatch_and_onednn():
-    assert default_dtype("cpu", SAPPHIRE_RAPIDS).dtype == "bfloat16"
-    assert default_dtype("cpu", EPYC_AVX2).dtype == "float32"
-    assert "no AVX512-BF16 or AMX" in default_dtype("cpu", EPYC_AVX2).reason
-    # the instructions are there but torch dispatches AVX2 kernels (ATEN_CPU_CAPABILITY)
-    capped = replace(SAPPHIRE_RAPIDS, cpu_capability="AVX2")
-    assert default_dtype("cpu", capped).dtype == "float32"
-    # oneDNN (bf16 matmuls) limited below bf16
-    onednn = replace(SAPPHIRE_RAPIDS, onednn_max_cpu_isa="avx512_core")
-    assert default_dtype("cpu", onednn).dtype == "float32"
-    assert "ONEDNN_MAX_CPU_ISA" in default_dtype("cpu", onednn).reason
-    # AVX512-BF16 without AMX is enough
-    assert default_dtype("cpu", replace(SAPPHIRE_RAPIDS, amx_tile=False)).dtype == "bfloat16"
+def test_a_bf16_gpu_gets_bf16_whatever_the_host_cpu() -> None:
+    gpu = Machine("AVX2", (), "x", 2, cuda=True, cuda_device="NVIDIA H100", cuda_bf16=True)
+    assert choose_dtype(None, gpu).dtype == "bfloat16"
+    old_gpu = Machine("AVX2", (), "x", 2, cuda=True, cuda_device="Tesla T4", cuda_bf16=False)
+    assert choose_dtype(None, old_gpu).dtype == "float32"
 
 
-def test_a_visible_gpu_decides_for_itself():
-    h100 = replace(EPYC_AVX2, cuda=True, cuda_device="H100", cuda_bf16=True)
-    assert default_dtype(None, h100).dtype == "bfloat16"
-    assert default_dtype("cpu", h100).dtype == "float32"
-    assert default_dtype(None, replace(h100, cuda_bf16=False)).dtype == "float16"
+def test_explicit_dtype_wins_over_env_and_capability(monkeypatch: pytest.MonkeyPatch) -> None:
+    native = fake("AVX512", ("avx512_bf16",))
+    monkeypatch.setenv(DTYPE_ENV, "float32")
+    assert choose_dtype(None, native).dtype == "float32"
+    assert choose_dtype("bfloat16", native).dtype == "bfloat16"
+    assert "asked for" in choose_dtype("bfloat16", native).reason
 
 
-def test_explicit_dtype_wins_and_a_bad_one_is_a_one_line_error():
-    assert choose_dtype("float32").dtype == "float32"
-    assert "explicitly" in choose_dtype("bfloat16").reason
-    with pytest.raises(ValueError, match="--dtype"):
-        choose_dtype("fp8")
-    with pytest.raises(ConfigError, match="dtype='fp8'"):
+def test_bad_dtype_is_one_line_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError, match="dtype='fp8' is not one of bfloat16, float32"):
         validate(RunConfig(dtype="fp8"), check_environment=False)
+    monkeypatch.setenv(DTYPE_ENV, "half")
+    with pytest.raises(ConfigError, match=f"{DTYPE_ENV}='half'"):
+        choose_dtype(None, fake("AVX2", ()))
 
 
-def test_this_machine_reports_what_torch_says():
-    import torch
+def test_dtype_none_keeps_earlier_config_ids_and_explicit_changes_them() -> None:
+    import hashlib
 
-    facts = machine_facts()
-    assert facts.cpu_capability == torch.backends.cpu.get_cpu_capability()
-    assert facts.cpu_cores >= 1
-    assert json.loads(json.dumps(facts.to_dict()))["native_bf16"] == facts.native_bf16
-
-
-def test_an_emulated_avx2_cpu_resolves_to_float32():
-    probe = (
-        "import json; from analysis.hardware import default_dtype, machine_facts; "
-        "print(json.dumps([machine_facts().cpu_capability, default_dtype('cpu').to_dict()]))"
-    )
-    env = {**os.environ, **AVX2_ONLY}
-    out = subprocess.run(
-        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
-    )
-    capability, choice = json.loads(out.stdout.strip().splitlines()[-1])
-    assert capability == "AVX2"
-    assert choice["dtype"] == "float32"
-
-
-def test_dtype_is_part_of_the_config_identity():
     base = RunConfig()
-    assert base.dtype is None
-    pinned = base.with_(dtype="float32")
-    assert pinned.config_id("t") != base.config_id("t")
-    assert pinned.readable_prefix().endswith("-float32")
+    before = {k: v for k, v in base.to_dict().items() if k != "dtype"}  # the field's absence
+    payload = json.dumps(
+        {"config": before, "trace_hash": "h", "extra": ""}, sort_keys=True, separators=(",", ":")
+    )
+    assert base.config_id("h").endswith(hashlib.sha256(payload.encode()).hexdigest()[:10])
+    assert base.config_id("h") != base.with_(dtype="float32").config_id("h")
+    assert base.with_(dtype="float32").readable_prefix().endswith("-float32")
 
 
-def test_cli_passes_dtype():
+def test_this_machine_is_described() -> None:
+    facts = machine().to_dict()
+    assert facts["cpu_capability"] and facts["cores"] >= 1
+    assert facts["native_bf16"] == (choose_dtype().dtype == "bfloat16")
+
+
+def test_avx2_emulation_builds_a_float32_model(tmp_path: Path) -> None:
+    """A fresh process under the AVX2 emulation builds the local model in float32."""
+    env = {**os.environ, **AVX2_ENV, "PREFIX_CACHE_LAB_ROOT": str(tmp_path)}
+    env.pop(DTYPE_ENV, None)
+    code = (
+        "import json, torch; from analysis.models import ensure_random_llama; "
+        "from analysis.hardware import choose_dtype; "
+        "print(json.dumps([str(ensure_random_llama()), torch.backends.cpu.get_cpu_capability(),"
+        " choose_dtype().reason]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    folder, capability, reason = json.loads(out.stdout.strip().splitlines()[-1])
+    assert capability == "AVX2"
+    config = json.loads((Path(folder) / "config.json").read_text())
+    assert (config.get("torch_dtype") or config.get("dtype")) == "float32"
+    assert json.loads((Path(folder) / "spec.json").read_text())["dtype"] == "float32"
+    assert "no native bf16" in reason
+
+
+def test_folder_of_another_dtype_is_rebuilt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from analysis.chat_template import DEFAULT
+    from analysis.engines.vllm_args import kv_bytes_per_block
+    from analysis.models import ensure_random_llama, folder_dtype
+
+    monkeypatch.setenv("PREFIX_CACHE_LAB_ROOT", str(tmp_path))
+    folder = ensure_random_llama(dtype="bfloat16")
+    bf16_bytes = kv_bytes_per_block(str(folder), 32)
+    assert folder_dtype(folder) == "bfloat16"
+    assert ensure_random_llama(dtype="float32") == folder
+    assert folder_dtype(folder) == "float32"
+    assert kv_bytes_per_block(str(folder), 32) == 2 * bf16_bytes
+    template = json.loads((folder / "tokenizer_config.json").read_text())["chat_template"]
+    assert template == DEFAULT.engine_jinja()
+
+
+def test_vllm_is_told_the_folder_dtype(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's dtype="auto" turns a float32 checkpoint into bf16: the folder's dtype is passed."""
+    from analysis.engines.vllm_args import engine_kwargs
+    from analysis.models import ensure_random_llama
+
+    monkeypatch.setenv("PREFIX_CACHE_LAB_ROOT", str(tmp_path))
+    folder = str(ensure_random_llama(dtype="float32"))
+    assert engine_kwargs(RunConfig(), folder)["dtype"] == "float32"
+    assert engine_kwargs(RunConfig(dtype="bfloat16"), folder)["dtype"] == "bfloat16"
+    assert engine_kwargs(RunConfig(model="org/name"), "org/name")["dtype"] == "auto"
+
+
+@pytest.mark.engine
+def test_float32_engine_counts_equal_replay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real CPU engine with a float32 model caches exactly what replay says it caches."""
+    from analysis.engines import run
+    from analysis.engines.synthetic import synthetic_trace
+
+    monkeypatch.setenv("PREFIX_CACHE_LAB_ROOT", str(tmp_path))
+    monkeypatch.setenv(DTYPE_ENV, "float32")  # as on a CPU without bf16, through the env path
+    trace = synthetic_trace(num_conversations=4, turns=(2, 3), user_tokens=(20, 60), seed=1)
+    config = RunConfig(
+        trace="test",
+        engine="vllm",
+        block_size=32,
+        num_blocks=128,
+        max_model_len=1024,
+        max_output_tokens=16,
+    )
+    real = run(trace, config, progress=False)
+    replayed = run(trace, config.with_(engine="replay"), progress=False)
+    assert real.manifest["dtype"]["dtype"] == "float32"
+    assert real.manifest["dtype"]["model_folder_dtype"] == "float32"
+    assert real.manifest["engine"]["model_dtype"] == "float32"  # not vLLM's auto bf16 cast
+    assert real.manifest["machine"]["cpu_capability"]
+    assert real.summary["first_prefill"]["hits"] > 0
+    for key in ("first_prefill", "all_prefill", "exported", "preemptions"):
+        assert real.summary[key] == replayed.summary[key], key
+    assert real.counters["prefix_cache_stats"] == replayed.counters["prefix_cache_stats"]
+    assert real.manifest["engine"]["num_cached_tokens_mismatches"] == 0
+
+
+def test_run_command_takes_dtype() -> None:
     from analysis.cli import build_parser
     from analysis.commands.run import config_from_args
 

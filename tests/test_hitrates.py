@@ -45,12 +45,57 @@ def test_first_prefill_counts_first_admissions_only():
     assert rate.rate == pytest.approx(128 / 600)
 
 
-def test_all_prefill_counts_readmissions_and_is_never_below_first_prefill():
+def test_all_prefill_counts_readmissions():
     every = hitrates.all_prefill(PREEMPTED)
     assert (every.hits, every.queries) == (224, 710)
-    assert every.rate > hitrates.first_prefill(PREEMPTED).rate
+    assert every.rate > hitrates.first_prefill(PREEMPTED).rate  # this re-admission hit more
     no_preemption = PREEMPTED[PREEMPTED["kind"] == "first"]
     assert hitrates.all_prefill(no_preemption) == hitrates.first_prefill(no_preemption)
+
+
+def test_all_prefill_falls_below_first_prefill_when_a_readmission_hits_less():
+    evicted = PREEMPTED.copy()
+    evicted.loc[evicted["kind"] == "readmission", "tokens_hit"] = 0  # its blocks were evicted
+    assert hitrates.all_prefill(evicted).rate == pytest.approx(128 / 710)
+    assert hitrates.all_prefill(evicted).rate < hitrates.first_prefill(evicted).rate
+
+
+@pytest.mark.engine
+def test_vllm_scheduler_can_give_all_prefill_below_first_prefill():
+    """16 requests sharing a 300-token prefix, all at once into 70 blocks: preempted requests
+    come back after the prefix and their own blocks were evicted, and hit less than at first.
+    The rates are checked against vLLM's own PrefixCacheStats, not against our tables."""
+    from analysis.engines import RunConfig, run
+    from analysis.engines.synthetic import synthetic_trace
+
+    trace = synthetic_trace(
+        16, turns=1, user_tokens=(10, 40), reply_tokens=(60, 100), seed=0, shared_prefix=300
+    )
+    config = RunConfig(
+        trace="synthetic",
+        engine="replay",
+        block_size=16,
+        num_blocks=70,
+        max_model_len=512,
+        mode="batch",
+        max_output_tokens=100,
+    )
+    result = run(trace, config, progress=False)
+    admissions = result.admissions
+    first = admissions[admissions["kind"] == "first"].set_index("request_id")
+    again = admissions[admissions["kind"] == "readmission"]
+    first_share = first["tokens_hit"] / first["tokens_queried"]
+    again_share = again["tokens_hit"] / again["tokens_queried"]
+    assert (again_share.to_numpy() < first_share[again["request_id"]].to_numpy()).any()
+    stats = result.counters["prefix_cache_stats"]  # vLLM's per-step stats, summed
+    first_rate = stats["hits"] / stats["queries"]
+    all_rate = (stats["hits"] + stats["preempted_hits"]) / (
+        stats["queries"] + stats["preempted_queries"]
+    )
+    assert stats["preempted_requests"] > 0
+    assert all_rate < first_rate
+    assert hitrates.first_prefill(admissions).rate == pytest.approx(first_rate)
+    assert hitrates.all_prefill(admissions).rate == pytest.approx(all_rate)
 
 
 def test_empty_rate_is_nan_not_an_error():
@@ -139,3 +184,33 @@ def test_windowed_equals_vllm_caching_metrics():
         metrics.observe(stats)
     window = hitrates.windowed(admissions(rows))
     assert window["window_rate"].iloc[-1] == pytest.approx(metrics.hit_rate)
+
+
+def test_legacy_block_metric_counts_whole_blocks_of_every_admission():
+    """Pre-PR-#18003 V1: queries = full blocks (the last one dropped when the prompt fills it
+    exactly), hits = cached blocks, re-admissions included."""
+    table = admissions(
+        [
+            ("a/0", "a", 0, "first", 40, 0, 1),  # 2 full blocks + 8 tokens: 2 queried
+            ("b/0", "b", 0, "first", 48, 32, 2),  # 3 full blocks, last one popped: 2 queried
+            ("a/0", "a", 0, "readmission", 50, 48, 3),  # 3 queried, 3 hit
+        ]
+    )
+    counted = hitrates.legacy_block_counts(table, 16)
+    assert counted["blocks_queried"].tolist() == [2, 2, 3]
+    assert counted["blocks_hit"].tolist() == [0, 2, 3]
+    assert hitrates.legacy_block_rate(table, 16) == hitrates.Rate(5, 7)
+    with pytest.raises(ValueError, match="block_size"):
+        hitrates.legacy_block_counts(table, 0)
+
+
+def test_legacy_metric_gives_seed_002_exactly_where_tokens_do_not():
+    """Seven identical 40-token prompts at block size 16 (seed 002: about 40 prompt tokens per
+    request): blocks give 0, 1/2, 2/3, ..., 6/7; tokens give 0, 32/80, 64/120, ..."""
+    rows = [(f"r{i}/0", f"r{i}", 0, "first", 40, 0 if i == 0 else 32, i + 1) for i in range(7)]
+    table = admissions(rows)
+    legacy = hitrates.legacy_cumulative(table, 16)["cumulative_rate"].to_numpy()
+    assert np.allclose(legacy, [k / (k + 1) for k in range(7)])
+    tokens = hitrates.cumulative(table)["cumulative_rate"].to_numpy()
+    assert np.allclose(tokens, [k * 32 / ((k + 1) * 40) for k in range(7)])
+    assert not np.allclose(tokens, legacy)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 
 import numpy as np
 import pandas as pd
@@ -52,12 +53,40 @@ def test_zero_prefix_prompts_share_only_bos():
     assert len(specs) == 4 and len({s.prompt_ids[1] for s in specs}) == 4
 
 
+def _prefix_of(spec, length=512):
+    return spec.prompt_ids[:length]
+
+
+def test_mixed_traffic_shares_the_prefix_in_exactly_the_eligible_share():
+    specs = loadgen.synthetic_prefix_workload(512, 8, eligible_share=0.25)
+    shared = _prefix_of(specs[0])  # the warm-up request stores the shared prefix
+    measured = [s for s in specs if not s.warmup]
+    uses = [_prefix_of(s) == shared for s in measured]
+    assert sum(uses) == 2 and uses == [False, False, False, True] * 2  # spread evenly
+    others = [_prefix_of(s) for s, u in zip(measured, uses, strict=True) if not u]
+    assert len(set(others)) == 6  # each ineligible request has a prefix of its own
+    assert all(len(s.prompt_ids) == 536 for s in specs)
+
+
+def test_distinct_prefixes_cycle_and_churn_changes_the_prefix_every_n_requests():
+    specs = loadgen.synthetic_prefix_workload(512, 6, distinct_prefixes=3)
+    measured = [_prefix_of(s) for s in specs if not s.warmup]
+    assert measured[:3] == measured[3:] and len(set(measured)) == 3
+    assert measured[0] == _prefix_of(specs[0])  # the first one is the warmed prefix
+    churned = loadgen.synthetic_prefix_workload(512, 6, churn_every=2)
+    versions = [_prefix_of(s) for s in churned if not s.warmup]
+    assert versions[0] == versions[1] != versions[2] == versions[3] != versions[4]
+    assert len(set(versions)) == 3
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
         ({"prefix_tokens": -1, "num_requests": 1}, "prefix length"),
         ({"prefix_tokens": 8, "num_requests": 1, "suffix_tokens": 0}, "suffix length"),
         ({"prefix_tokens": 8, "num_requests": 0}, "num_requests"),
+        ({"prefix_tokens": 8, "num_requests": 1, "eligible_share": 1.5}, "eligible_share"),
+        ({"prefix_tokens": 8, "num_requests": 1, "distinct_prefixes": 0}, "distinct_prefixes"),
     ],
 )
 def test_bad_synthetic_parameters_give_one_line_errors(kwargs, message):
@@ -286,7 +315,11 @@ class FakeCompletions:
             await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
         if self.truncate:
             return response
-        usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": body["max_tokens"]}
+        usage = {
+            "prompt_tokens": len(body["prompt"]),
+            "completion_tokens": body["max_tokens"],
+            "prompt_tokens_details": {"cached_tokens": len(body["prompt"]) - 1},
+        }
         await response.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
         await response.write(b"data: [DONE]\n\n")
         return response
@@ -326,6 +359,11 @@ def test_burst_sends_token_id_prompts_and_measures_ttft_before_e2e():
     assert [r.status for r in results] == ["ok"] * 5
     assert all(0.05 <= r.ttft_s <= r.e2e_s for r in results)
     assert all(r.output_tokens == 3 and r.prompt_tokens == 2 and r.chunks == 3 for r in results)
+    assert all(r.cached_tokens == 1 for r in results)  # the server's per-request count
+    frame = loadgen.results_frame(results)
+    # TPOT: the time after the first token, per later token (3 tokens: 2 steps)
+    expected = (frame.e2e_s - frame.ttft_s) / 2
+    assert np.allclose(frame.tpot_s, expected) and (frame.tpot_s >= 0).all()
     body = fake.requests[0]
     assert body["prompt"] == [loadgen.BOS_ID, 1000] and body["stream"] is True
     assert body["ignore_eos"] is True and body["stream_options"] == {"include_usage": True}
@@ -383,12 +421,14 @@ def test_closed_loop_sends_a_turn_only_after_the_previous_one_finished():
     conversations = [
         [RequestSpec(f"{c}/{t}", (loadgen.BOS_ID, t), 2, c, t) for t in range(3)] for c in "abc"
     ]
+    started = time.perf_counter()
     results, timing = asyncio.run(
         _serve(
             FakeCompletions(delay_s=0.05).handle,
             lambda url: loadgen.run_closed_loop(url, "m", conversations, 2, progress=False),
         )
     )
+    elapsed = time.perf_counter() - started
     assert [r.request_id for r in results] == [s.request_id for c in conversations for s in c]
     assert all(r.status == "ok" for r in results)
     by_id = {r.request_id: r for r in results}
@@ -398,4 +438,5 @@ def test_closed_loop_sends_a_turn_only_after_the_previous_one_finished():
             assert by_id[f"{conversation}/{turn}"].start_s >= before.start_s + before.e2e_s
     # two clients: the third conversation starts only when a first one is done
     assert by_id["c/0"].start_s >= min(by_id["a/2"].start_s, by_id["b/2"].start_s)
-    assert timing.wall_s > 0
+    # the run's wall time covers every request and no more than the call took
+    assert max(r.start_s + r.e2e_s for r in results) <= timing.wall_s <= elapsed

@@ -11,6 +11,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.colors import to_rgba
 
 from analysis import bounds, plots
 from analysis.plots import bounds as bounds_plots
@@ -48,7 +49,45 @@ def indexes():
 
 
 def saved(tmp_path, name: str) -> bool:
-    return all((tmp_path / f"{name}{suffix}").stat().st_size > 0 for suffix in (".png", ".svg"))
+    """Both files decode: the PNG to a picture that is not one colour, the SVG as XML."""
+    import xml.etree.ElementTree as ET
+
+    from matplotlib.image import imread
+
+    png = imread(tmp_path / f"{name}.png")
+    return (png != png[0, 0]).any() and ET.parse(tmp_path / f"{name}.svg").getroot().tag.endswith(
+        "svg"
+    )
+
+
+def brute_force_hit_tokens(trace: pd.DataFrame, block: int, include_outputs: bool) -> np.ndarray:
+    """Per request, in trace order: the longest common prefix with any earlier stored sequence
+    (prompt, plus the reply but its last token with outputs), capped at prompt - 1, in whole
+    blocks: the module doc's definition, computed pair by pair."""
+    stored: list[list[int]] = []
+    hits = []
+    for prompt, reply in zip(trace["prompt_ids"], trace["response_ids"], strict=True):
+        prompt, reply = list(prompt), list(reply)
+        best = 0
+        for earlier in stored:
+            common = 0
+            while common < min(len(prompt), len(earlier)) and prompt[common] == earlier[common]:
+                common += 1
+            best = max(best, common)
+        hits.append(min(best, len(prompt) - 1) // block * block)
+        stored.append(prompt + (reply[: max(len(reply), 1) - 1] if include_outputs else []))
+    return np.array(hits)
+
+
+def brute_force_rate(trace: pd.DataFrame, block: int, include_outputs: bool) -> float:
+    total = sum(len(p) for p in trace["prompt_ids"])
+    return brute_force_hit_tokens(trace, block, include_outputs).sum() / total
+
+
+TRACES = {
+    "single_turn": (tiny_trace(1000).query("turn_index == 0"), False),
+    "multi_turn": (tiny_trace(5000), True),
+}
 
 
 def test_capacity_figure_with_engine_points(tmp_path, indexes):
@@ -86,9 +125,17 @@ def test_reuse_and_granularity_figures(tmp_path, indexes):
     reuse = pd.concat(
         [bounds.token_vs_block_reuse(i, (1, 2, 4)).assign(trace=n) for n, i in indexes.items()]
     )
+    granularity = bounds_plots.token_vs_block_figure(reuse)
+    drawn = [line for line in granularity.axes[0].lines if len(line.get_xdata())]
+    for name, (trace, outputs) in TRACES.items():  # each trace's line, found by its colour
+        colour = to_rgba(bounds_plots.trace_color(name))
+        (line,) = [line for line in drawn if to_rgba(line.get_color()) == colour]
+        np.testing.assert_allclose(line.get_xdata(), [1, 2, 4])
+        expected = [brute_force_rate(trace, size, outputs) for size in (1, 2, 4)]
+        np.testing.assert_allclose(line.get_ydata(), expected)
     for name, fig in (
         ("bounds-reuse-distance", bounds_plots.reuse_distance_figure(distances, BLOCK)),
-        ("bounds-token-vs-block-reuse", bounds_plots.token_vs_block_figure(reuse)),
+        ("bounds-token-vs-block-reuse", granularity),
     ):
         plots.save_figure(fig, name, f"{name}.", folder=tmp_path)
         plt.close(fig)
@@ -129,7 +176,9 @@ def test_summary_capacity_is_where_lru_reaches_the_share(indexes):
     index = indexes["multi_turn"]
     row = bounds_plots.bounds_summary(index, BLOCK, share=0.9)
     ideal = bounds.ideal_bound(index, BLOCK)
-    assert row["ideal_%"] == pytest.approx(100 * ideal.hit_rate)
+    trace, outputs = TRACES["multi_turn"]
+    assert row["ideal_%"] == pytest.approx(100 * brute_force_rate(trace, BLOCK, outputs))
+    assert ideal.hit_tokens == brute_force_hit_tokens(trace, BLOCK, outputs).sum()
     assert row["later_turns_%"] > 0
     needed = row["lru_90%_blocks"]
     hits = bounds.lru_hit_blocks(index, BLOCK, [needed - 1, needed]) * BLOCK

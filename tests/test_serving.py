@@ -114,9 +114,12 @@ def test_free_port_can_be_bound():
 
 
 def test_stand_in_server_starts_and_its_whole_group_is_killed(fake_launcher, tmp_path):
+    started = time.perf_counter()
     with VllmServer(_fake_config(), tmp_path / "server.log") as server:
+        ready = time.perf_counter()
         pgid = server.pgid
-        assert server.startup_s > 0
+        # the start-up time is measured from launch to ready, inside what we timed around it
+        assert 0 < server.startup_s <= ready - started
         assert len(_alive(pgid)) == 2  # the server and its SIGTERM-proof child
         assert server.counters() == {"vllm:prefix_cache_queries": 5.0}
     assert _alive(pgid) == []
@@ -287,17 +290,59 @@ def test_summaries_of_finished_runs_only_and_mode_comparison(tmp_path):
     assert comparison.loc["2048", "throughput_ratio"] == pytest.approx(4.0)
 
 
-def test_sweep_table_puts_modes_side_by_side():
+def test_sweep_table_puts_modes_side_by_side_with_realized_hit_rates():
     sweep = pd.DataFrame(
         {
-            "mode": ["cache", "no_cache", "cache", "no_cache"],
-            "fraction": [0.0, 0.0, 1.0, 1.0],
-            "req_s": [1.0, 1.0, 4.0, 1.0],
+            "mode": ["cache", "no_cache", "cache", "no_cache", "cache", "no_cache"],
+            "experiment": ["sweep"] * 6,
+            "fraction": [0.0, 0.0, 1.0, 1.0, 1.0, 1.0],
+            "req_s": [1.0, 1.0, 4.0, 1.0, 6.0, 1.0],
+            "hit_rate": [0.0, 0.0, 0.8, 0.0, 0.9, 0.0],
         }
     )
-    wide = serving.sweep_table(sweep)
-    assert list(wide.columns) == ["fraction", "cache", "no_cache", "speedup"]
-    assert wide.speedup.tolist() == [1.0, 4.0]
+    wide = serving.sweep_table(sweep).set_index("fraction")
+    assert wide.loc[1.0, "cache"] == 5.0 and wide.loc[1.0, "speedup"] == 5.0
+    assert wide.loc[1.0, "cache_hit_rate"] == pytest.approx(0.85)
+    assert wide.loc[1.0, "cache_lo"] >= 4.0 and wide.loc[1.0, "cache_hi"] <= 6.0
+    assert wide.loc[0.0, "no_cache_hit_rate"] == 0.0 and wide.loc[1.0, "batches"] == 2
+    ratio, low, high = serving.ratio_interval([2.0, 2.0], [1.0, 1.0])
+    assert (ratio, low, high) == (2.0, 2.0, 2.0)
+
+
+def test_long_prefill_table_has_one_row_per_mode_and_round():
+    rows = pd.DataFrame(
+        {
+            "mode": ["cache"] * 4,
+            "experiment": ["long_prefill"] * 4,
+            "output_len": [2, 2, 8, 8],
+            "round": [1, 2, 1, 2],
+            "req_s": [1.0, 40.0, 0.9, 10.0],
+        }
+    )
+    table = serving.long_prefill_table(rows)
+    assert table.loc["cache-round2", 2] == 40.0 and list(table.columns) == [2, 8]
+    assert serving.long_prefill_table(rows.assign(experiment="sweep")).empty
+
+
+def test_calibration_scales_requests_and_timeouts_with_the_measured_speed():
+    slow = serving.Calibration(
+        prefill_tok_s=1000.0, fixed_s=0.05, decode_step_s=0.05, probe_tokens=1024
+    )
+    fast = serving.Calibration(
+        prefill_tok_s=10000.0, fixed_s=0.05, decode_step_s=0.05, probe_tokens=1024
+    )
+    cells = [(2048, 4, 1), (24, 4, 1)]
+    assert serving.plan_requests(fast, cells, 60.0) > serving.plan_requests(slow, cells, 60.0)
+    assert serving.plan_requests(slow, cells, 0.0) == 8  # the minimum, never zero
+    assert serving.plan_requests(fast, cells, 1e6) == 32  # the maximum
+    assert slow.timeout_s(2048, 4, 8) > fast.timeout_s(2048, 4, 8) >= 30.0
+
+
+def test_server_flags_carry_the_load_format_and_per_request_cached_tokens():
+    flags = ServerConfig(model="m", load_format="dummy").flags()
+    assert flags[flags.index("--load-format") + 1] == "dummy"
+    assert "--enable-prompt-tokens-details" in flags
+    assert "--load-format" not in ServerConfig(model="m").flags()
 
 
 def test_last_error_line_is_found_in_a_traceback_tail():
@@ -353,6 +398,14 @@ def test_real_server_measures_ttft_counts_hits_and_caches_results(
         assert (requests.sent_prompt_tokens == requests.prompt_tokens).all()
         assert (requests.output_tokens == 4).all()
         assert ((requests.ttft_s > 0) & (requests.ttft_s <= requests.e2e_s)).all()
+        # the server's per-request count of cached prompt tokens: 0 for the warm-up, the
+        # whole prefix for every measured request
+        assert requests.loc[requests.warmup, "cached_tokens"].tolist() == [0]
+        assert (requests.loc[~requests.warmup, "cached_tokens"] == 512).all()
+        gauges = serving.load_gauges([row["run_id"]], root=tmp_path)
+        assert len(gauges) >= 1 and gauges["kv_cache_usage_perc"].between(0, 1).all()
+        capacity = server.kv_capacity_blocks()  # vLLM needs room for one max-length request
+        assert capacity is not None and capacity * 32 >= config.max_model_len
 
         # ShareGPT conversations from the real data, closed loop: later turns hit the earlier
         trace = _small_sharegpt_trace()
@@ -451,14 +504,24 @@ def test_offline_prefix_sweep_hits_only_with_caching_on(tiny_model, tmp_path):
         max_model_len=512,
         kv_cache_memory_bytes=64 << 20,
         max_num_batched_tokens=256,  # one prompt per step: later prompts find earlier blocks
+        long_input_len=256,
+        long_prompts=2,
+        long_output_lens=(2,),
+        long_rounds=2,
     )
-    sweep = serving.run_prefix_sweep(config, root=tmp_path, progress=False)
+    raw = serving.run_prefix_sweep(config, root=tmp_path, progress=False)
+    sweep = raw[raw.experiment == "sweep"]
     cached = sweep.set_index(["mode", "fraction"])["cached_tokens"]
     assert cached[("cache", 0.0)] == 0
     assert cached[("cache", 1.0)] == 2 * 224  # 2 repeats x 7 full blocks (last token recomputed)
     assert cached[("no_cache", 0.0)] == 0 and cached[("no_cache", 1.0)] == 0
     assert (sweep.req_s > 0).all() and (sweep.num_prompts == 3).all()
     assert len(list(Path(tmp_path).glob("prefix-sweep-*/manifest.json"))) == 2
+    # long prefill: round 1 is cold, round 2 finds both unique prompts (7 full blocks each)
+    long = raw[raw.experiment == "long_prefill"].set_index(["mode", "round"])["cached_tokens"]
+    assert long[("cache", 1)] == 0 and long[("cache", 2)] == 2 * 224
+    assert long[("no_cache", 1)] == 0 and long[("no_cache", 2)] == 0
+    assert serving.long_prefill_table(raw).shape == (4, 1)
 
 
 def test_group_members_sees_only_live_processes():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.cli import CommandError
+from analysis.errors import AnalysisError
 from analysis.sharegpt import (
     Conversation,
     LoadReport,
@@ -245,8 +245,12 @@ def test_a_file_cut_at_every_byte_keeps_every_complete_record(tmp_path: Path) ->
     cut_path = tmp_path / "cut.json"
     for cut in range(1, closing + 1):
         cut_path.write_bytes(data[:cut])
-        conversations, report = load_file(cut_path)
         expected, tail = expected_after_cut(full, GOOD_RECORDS, starts, cut)
+        if not expected:  # cut inside the first record: nothing usable, a one-line error
+            with pytest.raises(ShareGPTSourceError, match="0 records read"):
+                load_file(cut_path)
+            continue
+        conversations, report = load_file(cut_path)
         assert conversations == expected, cut
         assert report.truncated, cut
         assert report.bytes_unparsed_tail == tail, cut
@@ -261,6 +265,10 @@ def test_a_raw_utf8_file_cut_inside_characters_is_recovered(tmp_path: Path) -> N
     assert multibyte_cuts
     for cut in multibyte_cuts:
         cut_path.write_bytes(data[:cut])
+        if sum(s < cut for s in starts) == 1:  # inside the first record: nothing usable
+            with pytest.raises(ShareGPTSourceError, match="no usable conversation"):
+                load_file(cut_path)
+            continue
         conversations, report = load_file(cut_path)
         assert report.truncated and report.bytes_unparsed_tail > 0
         assert conversations == full[: len(conversations)]
@@ -352,6 +360,27 @@ def test_unreadable_files_give_one_line_errors(tmp_path: Path, content, message)
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("records", "counts"),
+    [
+        ([], "0 records read, 0 dropped (none)"),
+        (
+            [record("a", turn("gpt", "only a reply")), record("b"), 7],
+            "3 records read, 3 dropped (empty 1, no_user_message 1, not_an_object 1)",
+        ),
+    ],
+)
+def test_a_file_without_usable_conversation_is_a_one_line_error(tmp_path, records, counts):
+    path = tmp_path / "nothing.json"
+    path.write_text(json.dumps(records))
+    with pytest.raises(ShareGPTSourceError) as caught:
+        load_conversations("file", path, progress=False)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: no usable conversation: {counts}")
+    assert "\n" not in message
+    assert load_conversations("file", path, max_conversations=0, progress=False)[0] == []
+
+
 def test_bad_arguments_give_one_line_errors(tmp_path: Path) -> None:
     for source, path, message in [
         ("web", None, "unknown ShareGPT source"),
@@ -361,7 +390,7 @@ def test_bad_arguments_give_one_line_errors(tmp_path: Path) -> None:
     ]:
         with pytest.raises(ShareGPTSourceError, match=message):
             load_conversations(source, path, progress=False)
-    assert issubclass(ShareGPTSourceError, CommandError)  # the CLI prints it as one line
+    assert issubclass(ShareGPTSourceError, AnalysisError)  # the CLI prints it as one line
 
 
 def test_hub_offline_fails_at_once_naming_the_offline_default(monkeypatch, tmp_path) -> None:
@@ -402,7 +431,7 @@ def test_importing_the_module_stays_light() -> None:
 
 # ----------------------------------------------------------------------------- the real data
 
-FACTS_ROLES = {"human": 61420, "gpt": 67594, "system": 41, "chatgpt": 8, "bing": 4, "bard": 2}
+USER_ROLES = {"human", "user"}
 
 
 @pytest.fixture(scope="module")
@@ -410,24 +439,68 @@ def packaged() -> tuple[list[Conversation], LoadReport]:
     return load_conversations(progress=False)
 
 
-def test_packaged_file_end_to_end(packaged) -> None:
+@pytest.fixture(scope="module")
+def plain_pass() -> dict:
+    """The packaged file read without the loader: plain `json` over the records before the
+    cut-off one (found by the file's own layout), and the counts computed from them directly."""
+    from collections import Counter
+
+    data = packaged_dataset_path().read_bytes()
+    cut_record = data.rindex(b'\n  {\n    "id": ')  # the last record start: the truncated one
+    records = json.loads(data[:cut_record].rstrip().rstrip(b",") + b"\n]")
+    with pytest.raises(json.JSONDecodeError):  # the tail really is a cut-off record
+        json.loads(data[cut_record:].strip())
+
+    def text(m: dict) -> bool:
+        return bool(str(m["value"]).strip())
+
+    kept = [
+        r for r in records if any(m["from"] in USER_ROLES and text(m) for m in r["conversations"])
+    ]
+    leading = merged = 0
+    for r in kept:
+        said = [m for m in r["conversations"] if m["from"] != "system" and text(m)]
+        first_user = next(i for i, m in enumerate(said) if m["from"] in USER_ROLES)
+        leading += first_user
+        users = [m["from"] in USER_ROLES for m in said[first_user:]]
+        merged += sum(a == b for a, b in zip(users, users[1:], strict=False))
+    empty = sum(not r["conversations"] for r in records)
+    return {
+        "bytes": len(data),
+        "tail": len(data) - data.index(b"{", cut_record),
+        "records": len(records),
+        "roles": dict(Counter(m["from"] for r in records for m in r["conversations"])),
+        "dropped": {"empty": empty, "no_user_message": len(records) - empty - len(kept)},
+        "kept": len(kept),
+        "repairs": {
+            "empty_message_dropped": sum(not text(m) for r in kept for m in r["conversations"]),
+            "leading_assistant_dropped": leading,
+            "same_role_merged": merged,
+        },
+        "with_system": sum(any(m["from"] == "system" for m in r["conversations"]) for r in kept),
+        "first_id": kept[0]["id"],
+    }
+
+
+def test_packaged_file_end_to_end(packaged, plain_pass) -> None:
     conversations, report = packaged
     assert_accounted(report, conversations)
     assert report.path == str(packaged_dataset_path())
-    assert report.bytes_read == 125_509_632
-    assert report.truncated and report.bytes_unparsed_tail > 0
-    assert report.records_seen == 17_671
-    assert report.roles == FACTS_ROLES | {"user": 2}
-    # 126 records have no message at all (facts); the rest of the drops hold no user text
-    assert report.dropped == {"empty": 126, "no_user_message": 150}
-    assert report.conversations_kept == 17_395
-    assert report.repairs == {
-        "empty_message_dropped": 134,
-        "leading_assistant_dropped": 6_232,
-        "same_role_merged": 107,
-    }
-    assert sum(c.system is not None for c in conversations) == 29
-    assert conversations[0].id == "QWJhYvA_0"
+    assert report.bytes_read == plain_pass["bytes"]
+    assert report.truncated and report.bytes_unparsed_tail == plain_pass["tail"]
+    assert report.records_seen == plain_pass["records"]
+    assert report.roles == plain_pass["roles"]
+    assert report.dropped == plain_pass["dropped"]
+    assert report.conversations_kept == plain_pass["kept"]
+    assert report.repairs == plain_pass["repairs"]
+    assert sum(c.system is not None for c in conversations) == plain_pass["with_system"]
+    assert conversations[0].id == plain_pass["first_id"]
+
+
+def test_packaged_file_matches_the_documented_facts(plain_pass) -> None:
+    """The facts file's numbers (shared/facts/data.md), from the plain pass, not the loader."""
+    assert plain_pass["bytes"] == 125_509_632 and plain_pass["records"] == 17_671
+    assert plain_pass["roles"]["human"] == 61_420 and plain_pass["roles"]["gpt"] == 67_594
 
 
 def test_packaged_file_without_repairs(packaged) -> None:

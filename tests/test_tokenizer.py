@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from analysis.chat_template import header, message_body
-from analysis.cli import CommandError
+from analysis.errors import AnalysisError
 from analysis.sharegpt import load_conversations
 from analysis.tokenizer import (
     DEFAULT_TOKENIZER,
@@ -74,7 +74,7 @@ def test_missing_or_invalid_files_are_one_line_errors(tmp_path):
     with pytest.raises(TokenizerUnavailable, match="not a tokenizers JSON") as caught:
         load_tokenizer(bad)
     assert "\n" not in str(caught.value)
-    assert issubclass(TokenizerUnavailable, CommandError)  # the CLI prints it as one line
+    assert issubclass(TokenizerUnavailable, AnalysisError)  # the CLI prints it as one line
 
 
 def test_unreachable_hub_id_names_the_offline_default(monkeypatch, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import random
 
@@ -12,9 +13,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from analysis.chat_template import LLAMA3_CHAT_TEMPLATE, header, message_body, render
-from analysis.cli import CommandError
+from analysis.chat_template import LLAMA32_CHAT_TEMPLATE, ChatTemplate, header, message_body, render
 from analysis.commands import traces as traces_command
+from analysis.errors import AnalysisError
 from analysis.manifest import file_sha256
 from analysis.sharegpt import Conversation, Message, load_conversations
 from analysis.tokenizer import load_tokenizer, packaged_tokenizer_file
@@ -27,7 +28,6 @@ from analysis.traces import (
     load_manifest,
     load_trace,
     save_traces,
-    template_info,
     trace_stats,
     trace_table,
 )
@@ -93,22 +93,90 @@ def words(n: int) -> str:
 # ----------------------------------------------------------------------------- template
 
 
-def test_template_equals_transformers_apply_chat_template(sample):
+ODD_CHATS = [
+    [{"role": "user", "content": "  spaces, tabs\t and a trailing newline\n"}],
+    [
+        {"role": "system", "content": "\n Be brief.  "},
+        {"role": "user", "content": "Ünïcödé 你好 🙂 <b>html</b> {{ not jinja }} {% raw %}"},
+        {"role": "assistant", "content": "A reply that mentions <|eot_id|> as text."},
+        {"role": "user", "content": "\r\nwindows line ends\r\n"},
+    ],
+    [{"role": "system", "content": ""}, {"role": "user", "content": "empty system message"}],
+]
+
+
+def reference_renderer(jinja: str):
+    """transformers' own renderer over a reference Jinja text (the oracle for our Python)."""
     from transformers import PreTrainedTokenizerFast
 
-    hf = PreTrainedTokenizerFast(
+    return PreTrainedTokenizerFast(
         tokenizer_file=str(packaged_tokenizer_file()),
         bos_token="<|begin_of_text|>",
-        chat_template=LLAMA3_CHAT_TEMPLATE,
+        chat_template=jinja,
     )
+
+
+@pytest.mark.parametrize(
+    "template", [ChatTemplate(), ChatTemplate(date="01 Feb 2025"), ChatTemplate("llama3")]
+)
+def test_template_equals_transformers_apply_chat_template(sample, template):
+    """Byte for byte, on real multi-turn conversations and on odd texts, against the reference
+    Jinja (Llama 3.2's as published, with the date passed the way a renderer would)."""
+    hf = reference_renderer(template.jinja)
+    chats = ODD_CHATS + [
+        chat(conversation, position + 1)
+        for conversation in sample
+        for position in user_positions(conversation)
+    ]
     checked_system = 0
-    for conversation in sample:
-        for position in user_positions(conversation):
-            messages = chat(conversation, position + 1)
-            expected = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            assert render(messages) == expected
-            checked_system += messages[0]["role"] == "system"
+    for messages in chats:
+        expected = hf.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, date_string=template.date
+        )
+        assert template.render(messages) == expected
+        checked_system += messages[0]["role"] == "system"
     assert checked_system > 0
+
+
+def test_the_engine_template_states_the_fixed_date():
+    """What an engine serves (no date passed, the clock available) equals the trace's text."""
+    template = ChatTemplate(date="03 Mar 2025")
+    hf = reference_renderer(template.engine_jinja())
+    for messages in ODD_CHATS:
+        rendered = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        assert rendered == template.render(messages)
+        assert "Today Date: 03 Mar 2025\n\n" in rendered
+
+
+def test_llama32_system_block_is_shared_and_dated():
+    """Every Llama 3.2 prompt opens with the same system block (the cache can share it), and
+    the block changes with the date (yesterday's cached prompts stop matching)."""
+    one = render([{"role": "user", "content": "a"}])
+    other = render([{"role": "user", "content": "b"}])
+    block = "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n<|eot_id|>"
+    assert block in one and block in other
+    assert ChatTemplate(date="27 Jul 2024").render([{"role": "user", "content": "a"}]) != one
+    assert ChatTemplate("llama3").render([{"role": "user", "content": "a"}]).count("system") == 0
+    assert LLAMA32_CHAT_TEMPLATE.startswith("{{- bos_token }}")
+
+
+@pytest.mark.parametrize("bad", ["2024-07-26", "26 July 2024", "6 Jul 2024", ""])
+def test_template_date_must_be_written_like_the_template(bad):
+    with pytest.raises(ValueError, match="template date"):
+        ChatTemplate(date=bad)
+    with pytest.raises(ValueError, match="template must be one of"):
+        ChatTemplate("llama3.1")
+
+
+def test_llama3_option_traces_tokenise_the_llama3_render(sample, tokenizer):
+    options = TraceOptions(template="llama3")
+    traces = build_traces(sample[:10], options, tokenizer, progress=False)
+    by_id = {c.id: c for c in sample}
+    for row in traces.multi.itertuples(index=False):
+        conversation = by_id[row.conversation_id]
+        position = user_positions(conversation)[row.turn_index]
+        text = options.chat_template.render(chat(conversation, position + 1))
+        assert row.prompt_ids.tolist() == encode(tokenizer, text), row.request_id
 
 
 # ----------------------------------------------------------------------------- ids
@@ -348,7 +416,7 @@ def test_options_are_validated():
 # ----------------------------------------------------------------------------- files
 
 
-def test_save_and_load_round_trip(tmp_path, sample_traces):
+def test_save_and_load_round_trip(tmp_path, sample, sample_traces, tokenizer):
     paths = save_traces(sample_traces, tmp_path, {"source": {"note": "test"}}, progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "manifest.json",
@@ -372,10 +440,30 @@ def test_save_and_load_round_trip(tmp_path, sample_traces):
     assert manifest["counts"] == json.loads(json.dumps(sample_traces.counts))
     assert manifest["parameters"] == sample_traces.options.to_dict()
     assert manifest["tokenizer"]["sha256"] == file_sha256(packaged_tokenizer_file())
-    assert manifest["template"]["sha256"] == template_info()["sha256"]
+    # the recorded template is the one the prompts were built with: its hash recomputed here,
+    # and its text, rendered by transformers, tokenizes to the first request's prompt
+    template = manifest["template"]
+    digest = hashlib.sha256(f"{template['jinja']}\0{template['date']}".encode()).hexdigest()
+    assert template["sha256"] == digest
+    from transformers import PreTrainedTokenizerFast
+
+    hf = PreTrainedTokenizerFast(
+        tokenizer_file=str(packaged_tokenizer_file()),
+        bos_token="<|begin_of_text|>",
+        chat_template=template["jinja"],
+    )
+    last = sample_traces.multi.iloc[-1]
+    conversation = next(c for c in sample if c.id == last["conversation_id"])
+    upto = user_positions(conversation)[last["turn_index"]] + 1
+    rendered = hf.apply_chat_template(
+        chat(conversation, upto),
+        tokenize=False,
+        add_generation_prompt=True,
+        date_string=template["date"],
+    )
+    assert encode(tokenizer, rendered) == last["prompt_ids"].tolist()
     assert manifest["source"] == {"note": "test"}
     assert {"tokenizers", "pyarrow", "pandas"} <= set(manifest["package_versions"])
-    assert manifest["machine"]["cpu_cores"] >= 1 and manifest["model_dtype"]["dtype"]
     for name in ("multi_turn", "single_turn"):
         entry = manifest["files"][name]
         assert entry["sha256"] == file_sha256(tmp_path / entry["file"])
@@ -414,6 +502,53 @@ def test_load_trace_errors_are_one_line(tmp_path, sample_traces):
     garbage.write_bytes(b"not parquet at all")
     with pytest.raises(TraceError, match="not a readable Parquet"):
         load_trace(garbage)
+
+
+@pytest.mark.parametrize(
+    ("column", "values", "message"),
+    [
+        ("prompt_ids", lambda ids: [[str(t) for t in row] for row in ids], "wrong type"),
+        ("prompt_ids", lambda ids: [[float(t) + 0.5 for t in row] for row in ids], "wrong type"),
+        ("prompt_ids", lambda ids: [[int(t) + 2**40 for t in row] for row in ids], "wrong type"),
+        ("turn_index", lambda ids: ["first"] * len(ids), "wrong type"),
+        ("prompt_ids", lambda ids: [[-int(t) - 1 for t in row] for row in ids], "negative"),
+    ],
+)
+def test_a_trace_with_wrong_dtypes_is_a_one_line_error(
+    tmp_path, sample_traces, column, values, message
+):
+    frame = sample_traces.single.head(3).copy()
+    frame[column] = values(frame["prompt_ids"].tolist())
+    path = tmp_path / "wrong.parquet"
+    frame.to_parquet(path)  # plain pandas: the types as written, not the trace schema's
+    with pytest.raises(TraceError, match=message) as caught:
+        load_trace(path)
+    assert str(caught.value).startswith(f"trace {path}") and "\n" not in str(caught.value)
+
+
+def test_a_build_that_drops_every_request_is_a_one_line_error(tmp_path):
+    data = tmp_path / "one_turn.json"
+    data.write_text(
+        json.dumps(
+            [{"id": f"c{i}", "conversations": [{"from": "human", "value": "hi"}]} for i in range(3)]
+        )
+    )
+    with pytest.raises(TraceError) as caught:
+        run_command(
+            "--source",
+            "file",
+            "--path",
+            str(data),
+            "--min-turns",
+            "2",
+            "--out",
+            str(tmp_path / "out"),
+            "--no-progress",
+        )
+    message = str(caught.value)
+    assert message.startswith(f"{data}: every request was dropped: 0 of 3 conversations used")
+    assert "3 with fewer than min_turns=2" in message and "\n" not in message
+    assert load_manifest(tmp_path / "out") is None
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -469,9 +604,9 @@ def test_command_builds_then_skips_then_rebuilds(tmp_path, capsys):
 
 
 def test_command_errors_are_one_line(tmp_path):
-    with pytest.raises(CommandError, match="not found"):
+    with pytest.raises(AnalysisError, match="not found"):
         run_command("--tokenizer", str(tmp_path / "none.json"), "--out", str(tmp_path))
-    with pytest.raises(CommandError, match="max_model_len"):
+    with pytest.raises(AnalysisError, match="max_model_len"):
         run_command("--max-model-len", "4", "--out", str(tmp_path))
-    with pytest.raises(CommandError, match="not found"):
+    with pytest.raises(AnalysisError, match="not found"):
         run_command("--source", "file", "--path", str(tmp_path / "none.json"))

@@ -23,16 +23,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.errors import BlockHashError
+
 REQUIRED_FIELDS = ("hash_ids", "input_length", "output_length", "timestamp")
 OPTIONAL_INT_FIELDS = ("chat_id", "parent_chat_id", "turn")
 TIMESTAMP_UNITS = ("auto", "s", "ms")
 TOKEN_LIMIT = 128_000  # synthetic token ids stay below Llama 3's special tokens
 HASH_ID_LIMIT = 2**62
 MAX_EXAMPLES = 5
-
-
-class BlockHashError(ValueError):
-    """A block-hash trace that cannot be used at all (missing file, no valid line)."""
 
 
 @dataclass

@@ -38,6 +38,8 @@ ever needed.
 
 from __future__ import annotations
 
+import math
+import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -46,12 +48,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.errors import BoundsError
+
 POLICIES = ("lru", "opt", "vllm")
 DEFAULT_REUSE_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
-
-
-class BoundsError(ValueError):
-    """Input the bounds cannot use; the message is one line and says what to change."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -412,7 +412,7 @@ def ideal_bound(
         requests=index.num_requests,
         prompt_tokens=prompt_total,
         hit_tokens=total_hits,
-        hit_rate=total_hits / prompt_total if prompt_total else 0.0,
+        hit_rate=total_hits / prompt_total if prompt_total else math.nan,
         requests_with_hit=int((hits > 0).sum()),
         multi_turn_hit_share=share,
     )
@@ -424,7 +424,11 @@ def ideal_hit_rate(
     *,
     include_outputs: bool | None = None,
 ) -> float:
-    """Token-weighted hit rate with an infinite cache (vLLM semantics, see the module doc)."""
+    """Token-weighted hit rate with an infinite cache (vLLM semantics, see the module doc).
+
+    NaN when the trace has no prompt tokens, as `analysis.hitrates.Rate.rate` for no
+    admissions: a rate over nothing is undefined, and 0.0 would read as "no reuse".
+    """
     return ideal_bound(trace, block_size, include_outputs=include_outputs).hit_rate
 
 
@@ -453,7 +457,7 @@ def token_vs_block_reuse(
         rows.append({"level": "block", "block_size": int(size), "hit_tokens": hits})
     frame = pd.DataFrame(rows)
     frame["prompt_tokens"] = total
-    frame["hit_rate"] = frame["hit_tokens"] / total if total else 0.0
+    frame["hit_rate"] = frame["hit_tokens"] / total if total else math.nan
     frame["share_of_token_level"] = frame["hit_tokens"] / token_hits if token_hits else float("nan")
     return frame
 
@@ -539,7 +543,7 @@ def capacity_curves(
         rows.append({"policy": policy, "capacity": capacity, "hit_blocks": hits})
     frame = pd.DataFrame(rows, columns=["policy", "capacity", "hit_blocks"])
     frame["hit_tokens"] = frame["hit_blocks"] * block_size
-    frame["hit_rate"] = frame["hit_tokens"] / total if total else 0.0
+    frame["hit_rate"] = frame["hit_tokens"] / total if total else math.nan
     frame["block_size"] = block_size
     frame["policy"] = pd.Categorical(frame["policy"], categories=policies)
     return frame.sort_values(["policy", "capacity"], kind="stable").reset_index(drop=True)
@@ -568,9 +572,13 @@ def opt_request_hits(index: TraceIndex, block_size: int, capacity: int) -> np.nd
 
 
 def _progress(items: list[Any], enabled: bool | None, unit: str) -> Iterable[Any]:
-    from analysis.progress import bar
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    if not enabled or len(items) < 2:
+        return items
+    from analysis.progress import bar as tqdm
 
-    return items if len(items) < 2 else bar(items, enabled=enabled, unit=unit)
+    return tqdm(items, unit=unit, file=sys.stderr)
 
 
 def _next_eligible_use(keys: BlockKeys) -> np.ndarray:

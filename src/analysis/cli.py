@@ -6,6 +6,8 @@ import argparse
 import importlib
 import sys
 
+from analysis.errors import AnalysisError
+
 # command name -> (module under analysis.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "traces": ("traces", "build multi- and single-turn request traces from ShareGPT"),
@@ -13,13 +15,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("sweep", "run every point of a sweep grid (configs/*.toml)"),
     "bounds": ("bounds", "ideal, LRU and optimal hit rates of a trace, without an engine"),
     "serve-bench": ("serve_bench", "TTFT and throughput against a real vLLM server"),
+    "gpu-check": ("gpu_check", "prove a GPU machine: real engine vs replay, then GPU timing"),
     "report": ("report", "re-execute the notebooks with papermill and build the HTML report"),
-    "stage": ("stage", "run a command and record its wall time in reports/timings.json"),
 }
 
 
-class CommandError(Exception):
-    """A user-facing failure: printed as one line, exit status 2, no traceback."""
+# The name the command modules used before the errors moved to analysis.errors.
+CommandError = AnalysisError
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -41,9 +43,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser(command).parse_args(argv)
     try:
         return int(args.handler(args) or 0)
-    except CommandError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except AnalysisError as exc:
+        print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: nothing partial was kept", file=sys.stderr)
         return 130
+
+
+def _one_line(exc: BaseException) -> str:
+    """The message on one line: a multi-line message (a server log's tail) is joined with ' | '."""
+    return " | ".join(line.strip() for line in str(exc).splitlines() if line.strip())

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 if TYPE_CHECKING:
+    from analysis.blockstats import BlockStats
     from analysis.engines.result import RunResult
 
 VLLM_LOG_WINDOW = 1000  # CachingMetrics(max_recent_requests=1000) in vLLM's logging logger
@@ -62,8 +63,11 @@ def all_prefill(admissions: pd.DataFrame) -> Rate:
 
     A preempted request is recomputed from scratch and usually finds its own blocks still
     cached, so each re-admission adds a large hit: this is the inflated rate the seed documents
-    saw (vLLM V1 before PR #25787). Always >= first_prefill; equal when nothing is preempted
-    and the first-admission rate is what re-admissions would also show.
+    saw (vLLM V1 before PR #25787). Equal to first_prefill when nothing is preempted; usually
+    above it under preemption, but not always: a re-admission can hit a smaller share than the
+    first admission did (the shared prefix it hit, and its own blocks, were evicted while it
+    waited), and when such re-admissions dominate, all-prefill falls below first-prefill
+    (tests/test_hitrates.py builds one such run with vLLM's scheduler).
     """
     return _rate(admissions)
 
@@ -123,9 +127,10 @@ def windowed(admissions: pd.DataFrame, window: int = VLLM_LOG_WINDOW) -> pd.Data
 def cumulative(admissions: pd.DataFrame) -> pd.DataFrame:
     """Running first-prefill rate after each first admission, in admission order.
 
-    With fewer than 1000 requests this is also what vLLM logs. Six identical prompts of L
+    With fewer than 1000 requests this is also what vLLM logs. n identical prompts of L
     tokens at block size B give hits 0, h, h, ... with h = floor((L-1)/B)*B, so the rate
-    after k requests is (k-1)*h / (k*L): seed 002's 0, 1/2, 2/3, ... when h is close to L.
+    after k requests is (k-1)*h / (k*L), below seed 002's exact (k-1)/k, which is the
+    block-counted metric of vLLM before PR #18003 (`legacy_cumulative`).
     """
     first = _first(admissions)
     hits = first["tokens_hit"].cumsum().to_numpy()
@@ -141,6 +146,44 @@ def cumulative(admissions: pd.DataFrame) -> pd.DataFrame:
             ),
         }
     )
+
+
+def legacy_block_counts(admissions: pd.DataFrame, block_size: int) -> pd.DataFrame:
+    """Each admission as vLLM V1 counted it before PR #18003 (May 2025): in whole blocks.
+
+    `KVCacheManager.get_computed_blocks` then did `queries += len(block_hashes)` and
+    `hits += len(computed_blocks)` for every admission from the waiting queue (re-admissions
+    included). `block_hashes` holds full blocks only, so a partial last block never entered the
+    denominator; when the request filled its last block exactly, that block's hash was popped
+    first (its last token must be recomputed), so it left the denominator too. Adds
+    `blocks_queried` and `blocks_hit` to a copy of `admissions`.
+    """
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    frame = admissions.copy()
+    tokens = frame["tokens_queried"].to_numpy(dtype=np.int64)
+    full = tokens // block_size
+    frame["blocks_queried"] = full - (tokens % block_size == 0) * (full > 0)
+    frame["blocks_hit"] = frame["tokens_hit"].to_numpy(dtype=np.int64) // block_size
+    return frame
+
+
+def legacy_block_rate(admissions: pd.DataFrame, block_size: int) -> Rate:
+    """The pre-PR-#18003 V1 hit rate (blocks, every admission) over a run's admissions."""
+    counted = legacy_block_counts(admissions, block_size)
+    return Rate(int(counted["blocks_hit"].sum()), int(counted["blocks_queried"].sum()))
+
+
+def legacy_cumulative(admissions: pd.DataFrame, block_size: int) -> pd.DataFrame:
+    """Running pre-PR-#18003 rate after each admission, in admission order: what that vLLM
+    logged as "Prefix cache hit rate" while fewer than 1000 requests had run."""
+    counted = legacy_block_counts(admissions, block_size)
+    hits = counted["blocks_hit"].cumsum().to_numpy()
+    queries = counted["blocks_queried"].cumsum().to_numpy()
+    counted["cumulative_rate"] = np.divide(
+        hits, queries, out=np.zeros(len(counted)), where=queries > 0
+    )
+    return counted[["request_id", "step", "blocks_hit", "blocks_queried", "cumulative_rate"]]
 
 
 def _grouped(admissions: pd.DataFrame, key: str) -> pd.DataFrame:
@@ -181,33 +224,50 @@ def recompute_share(admissions: pd.DataFrame) -> float:
     return int(computed[admissions["kind"] == "readmission"].sum()) / total
 
 
-def block_reuse(block_events: pd.DataFrame) -> dict[str, Any]:
-    """Seed 001's "Task 2" block statistics from the block events.
+def block_reuse(block_events: pd.DataFrame | BlockStats) -> dict[str, Any]:
+    """Seed 001's "Task 2" block statistics from the block events or their aggregates.
 
     - blocks_hit: distinct block hashes hit at least once ("cache blocks used");
     - hits_per_block_mean / _max: hits of those blocks;
     - total_hits: every hit (sum of hit tokens / block size);
     - repeat_hits: hits beyond each block's first (the seeds' "total block reuses");
-    - reuse gaps: for every hit, steps (and seconds) since the previous store or hit of the
-      same hash: min, mean, max and quantiles.
+    - reuse gaps: for every hit, steps (and, from full events only, seconds) since the
+      previous store or hit of the same hash: min, mean, max and quantiles.
+
+    The same numbers from a `BlockStats` (what a result keeps by default) as from the events.
     """
-    codes = _hash_codes(block_events)
-    event = block_events["event"]
-    hit = (event == "hit").to_numpy()
-    per_block = np.bincount(codes[hit]) if hit.any() else np.zeros(0, dtype=np.int64)
-    per_block = per_block[per_block > 0]
-    gaps_steps, gaps_seconds = reuse_gaps(block_events)
+    from analysis.blockstats import BlockStats, describe_counts
+
+    if block_events is None:
+        raise ValueError(
+            "this result kept its block events as aggregates: pass result.block_stats "
+            '(or run it with block_events="full")'
+        )
+    events = block_events if isinstance(block_events, pd.DataFrame) else None
+    stats = block_events if events is None else BlockStats.from_events(events)
+    per_block = stats.hits_per_block
+    blocks_hit = int(per_block.sum())
+    total_hits = int(stats.events["hit"])
+    mean = float(np.dot(per_block.index.to_numpy(np.float64), per_block.to_numpy(np.float64)))
     return {
-        "blocks_stored": int((event == "stored").sum()),
-        "blocks_evicted": int((event == "evicted").sum()),
-        "blocks_hit": int(per_block.shape[0]),
-        "total_hits": int(hit.sum()),
-        "hits_per_block_mean": float(per_block.mean()) if per_block.size else 0.0,
-        "hits_per_block_max": int(per_block.max()) if per_block.size else 0,
-        "repeat_hits": int(hit.sum() - per_block.shape[0]),
-        "reuse_gap_steps": _describe(gaps_steps),
-        "reuse_gap_seconds": _describe(gaps_seconds),
+        "blocks_stored": int(stats.events["stored"]),
+        "blocks_evicted": int(stats.events["evicted"]),
+        "blocks_hit": blocks_hit,
+        "total_hits": total_hits,
+        "hits_per_block_mean": mean / blocks_hit if blocks_hit else 0.0,
+        "hits_per_block_max": int(per_block.index.max()) if blocks_hit else 0,
+        "repeat_hits": total_hits - blocks_hit,
+        "reuse_gap_steps": describe_counts(stats.reuse_gap_steps),
+        "reuse_gap_seconds": None if events is None else _describe(reuse_gaps(events)[1]),
     }
+
+
+def _blocks(result: RunResult) -> dict[str, Any]:
+    """`block_reuse` from the result's aggregates, with the seconds gaps its events give."""
+    blocks = block_reuse(result.block_stats)
+    if result.block_events is not None:
+        blocks["reuse_gap_seconds"] = _describe(reuse_gaps(result.block_events)[1])
+    return blocks
 
 
 def _hash_codes(block_events: pd.DataFrame) -> np.ndarray:
@@ -278,7 +338,7 @@ def summarize(result: RunResult) -> dict[str, Any]:
         "exported": exported_rate.to_dict(),
         "logged_window_rate_final": float(window["window_rate"].iloc[-1]) if len(window) else None,
         "recompute_share": recompute_share(admissions),
-        "blocks": block_reuse(result.block_events),
+        "blocks": _blocks(result),
         "prompt_tokens": int(requests.loc[requests["status"] == "finished", "prompt_tokens"].sum()),
         "output_tokens": int(requests["output_tokens"].sum()),
     }

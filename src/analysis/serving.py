@@ -41,9 +41,11 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from analysis import loadgen
+from analysis import loadgen, model_shapes, models
+from analysis.errors import ServerLostError, ServerStartError
 from analysis.manifest import git_commit, package_versions, read_json, write_json, write_parquet
 from analysis.paths import results_dir
 
@@ -67,10 +69,6 @@ SUMMARY_COLUMNS = (
 )
 
 
-class ServerStartError(RuntimeError):
-    """The server exited or never became ready; the message ends with its log's last lines."""
-
-
 # --------------------------------------------------------------------------------------------
 # Models
 # --------------------------------------------------------------------------------------------
@@ -79,13 +77,14 @@ class ServerStartError(RuntimeError):
 def resolve_model(model: str | None) -> str:
     """A local folder or hub name for vLLM. None or a built-in name builds (once) and returns
     a random-weight Llama with the real tokenizer: `prefill-llama` (~155 M parameters, prefill
-    dominates a CPU step) or `tiny-llama` (~34 M, for quick checks)."""
-    from analysis import models
-
+    dominates a CPU step) or `tiny-llama` (~34 M, for quick checks). A registered shape name
+    (`llama-3.1-8b`, ...; analysis.model_shapes) gives its folder, loaded with random weights."""
     name = model or DEFAULT_CPU_MODEL
     if name in BUILTIN_MODELS:
         spec = models.PREFILL_BOUND if name == "prefill-llama" else models.TINY
         return str(models.ensure_random_llama(spec))
+    if model_shapes.is_shape(name):
+        return str(model_shapes.materialise(name))
     path = Path(name).expanduser()
     if path.exists():
         return str(path.resolve())
@@ -132,6 +131,7 @@ class ServerConfig:
     extra_args: tuple[str, ...] = ()
     startup_timeout_s: float = 300.0
     stop_grace_s: float = 20.0
+    load_format: str | None = None  # "dummy": the architecture with random weights (GPU shapes)
 
     def flags(self) -> list[str]:
         """Everything after the model: the same in both modes except the caching flag."""
@@ -140,6 +140,7 @@ class ServerConfig:
             self.host,
             "--served-model-name",
             served_name(self.model),
+            *("--dtype", models.vllm_dtype(self.model)),  # a float32 folder stays float32
             "--block-size",
             str(self.block_size),
             "--max-model-len",
@@ -148,7 +149,10 @@ class ServerConfig:
             str(self.seed),
             "--enable-prefix-caching" if self.prefix_caching else "--no-enable-prefix-caching",
             "--disable-uvicorn-access-log",
+            "--enable-prompt-tokens-details",  # per-request cached_tokens in the usage
         ]
+        if self.load_format is not None:
+            flags += ["--load-format", self.load_format]
         if self.kv_cache_memory_bytes is not None:
             flags += ["--kv-cache-memory-bytes", str(self.kv_cache_memory_bytes)]
         if self.gpu_memory_utilization is not None:
@@ -427,8 +431,30 @@ class VllmServer:
         """The server's cumulative prefix-cache (and related) counters from `/metrics`."""
         status, body = _http(f"{self.base_url}/metrics", timeout_s=10.0)
         if status != 200:
-            raise RuntimeError(f"GET {self.base_url}/metrics answered {status}")
+            returncode = self._proc.poll() if self._proc is not None else None
+            what = f"exited with status {returncode}" if returncode is not None else "stopped"
+            raise ServerLostError(
+                f"vLLM server for {self.config.model} on port {self.port} {what} during the "
+                f"benchmark (GET /metrics answered {status}; log: {self.log_path}); finished "
+                "runs are kept: run again to do the rest"
+            )
         return loadgen.parse_prometheus(body.decode(errors="replace"))
+
+    def gauges(self) -> dict[str, float]:
+        """The server's KV-cache use and queue lengths now (`/metrics` gauges)."""
+        status, body = _http(f"{self.base_url}/metrics", timeout_s=10.0)
+        if status != 200:
+            return {}
+        return loadgen.parse_prometheus(body.decode(errors="replace"), loadgen.SERVER_GAUGES)
+
+    def kv_capacity_blocks(self) -> int | None:
+        """KV blocks in the server's pool (`vllm:cache_config_info`'s num_gpu_blocks label)."""
+        status, body = _http(f"{self.base_url}/metrics", timeout_s=10.0)
+        for line in body.decode(errors="replace").splitlines() if status == 200 else []:
+            if line.startswith("vllm:cache_config_info{") and 'num_gpu_blocks="' in line:
+                value = line.split('num_gpu_blocks="', 1)[1].split('"', 1)[0]
+                return int(value) if value.isdigit() else None
+        return None
 
     def reset_prefix_cache(self, attempts: int = 10) -> bool:
         """Empty the prefix cache so that a run starts cold; False if the server cannot."""
@@ -488,6 +514,13 @@ class ServingBenchConfig:
     max_num_batched_tokens: int | None = None
     server_extra_args: tuple[str, ...] = ()
     startup_timeout_s: float = 300.0
+    load_format: str | None = None  # "dummy": a real architecture with random weights (GPU)
+    repeats: int = 1  # measured repeats per cell, each from an emptied cache
+    eligible_share: float = 1.0  # synthetic: share f of requests that use the shared prefix
+    distinct_prefixes: int = 1  # synthetic: eligible requests cycle over this many prefixes
+    churn_every: int = 0  # synthetic: a new prefix version every N measured requests (0: never)
+    gauge_interval_s: float = 0.5  # KV-cache use sampled from /metrics this often (0: never)
+    salt: str = ""  # synthetic: other prompts, same server (a run that must not reuse another's)
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
@@ -495,8 +528,10 @@ class ServingBenchConfig:
         bad = [m for m in self.modes if m not in MODES]
         if bad:
             raise ValueError(f"modes must be among {MODES}, got {bad}")
-        if any(c < 1 for c in self.concurrency) or self.requests < 1:
-            raise ValueError("concurrency and requests must be >= 1")
+        if any(c < 1 for c in self.concurrency) or self.requests < 1 or self.repeats < 1:
+            raise ValueError("concurrency, requests and repeats must be >= 1")
+        if not 0.0 <= self.eligible_share <= 1.0:
+            raise ValueError(f"eligible_share must lie in [0, 1], got {self.eligible_share}")
         longest = max(self.prefixes, default=0) + self.suffix_tokens + self.output_tokens
         if self.workload == "synthetic" and longest > self.max_model_len:
             raise ValueError(
@@ -518,6 +553,7 @@ class ServingBenchConfig:
             seed=self.seed,
             extra_args=self.server_extra_args,
             startup_timeout_s=self.startup_timeout_s,
+            load_format=self.load_format or model_shapes.load_format(model),
         )
 
     def regimes(self) -> tuple[str, ...]:
@@ -559,7 +595,16 @@ def run_id(config: ServingBenchConfig, model: str, key: RunKey, workload_hash: s
     shapes the run (model, server flags, workload parameters and, for ShareGPT, the prompts
     themselves: `workload_hash`) except the swept lists."""
     shaping = asdict(config)
-    for name in ("model", "prefixes", "concurrency", "modes", "startup_timeout_s"):
+    for name in (
+        "model",
+        "prefixes",
+        "concurrency",
+        "modes",
+        "startup_timeout_s",
+        "request_timeout_s",
+        "run_deadline_s",
+        "gauge_interval_s",
+    ):
         shaping.pop(name)
     shaping.update(model_identity(model), mode=key.mode, regime=key.regime, c=key.concurrency)
     if workload_hash:
@@ -600,7 +645,10 @@ def synthetic_specs(config: ServingBenchConfig, key: RunKey) -> list[loadgen.Req
         output_tokens=config.output_tokens,
         warmup_requests=config.warmup_requests,
         seed=config.seed,
-        salt=f"c{key.concurrency}",  # cold start even where the cache cannot be reset
+        salt=f"c{key.concurrency}{config.salt}",  # cold start even without a cache reset
+        eligible_share=config.eligible_share,
+        distinct_prefixes=config.distinct_prefixes,
+        churn_every=config.churn_every,
     )
 
 
@@ -609,7 +657,7 @@ def _predicted(config: ServingBenchConfig, specs: Sequence[Sequence[loadgen.Requ
     if config.workload == "synthetic":
         prefix = int(specs[0][0].group)
         saving = loadgen.predicted_ttft_saving(prefix, config.suffix_tokens, config.block_size)
-        return {"predicted_saving": saving, "predicted_hit_rate": saving}
+        return {"predicted_saving": saving, "predicted_hit_rate": saving * config.eligible_share}
     hits = prompt = 0
     for conversation in specs:
         previous = 0
@@ -659,10 +707,14 @@ def execute_run(
     workload: list[loadgen.RequestSpec] | loadgen.ShareGPTWorkload | None = None,
     *,
     progress: bool = True,
+    repeat: int = 0,
+    gauges: list[dict[str, float]] | None = None,
 ) -> tuple[pd.DataFrame, dict[str, Any]]:
     """Send one run's requests to a running server, from an emptied prefix cache; return the
-    per-request table and the run's summary (nothing is written). `workload` defaults to the
-    config's: synthetic requests for `key`'s prefix, or the ShareGPT conversations."""
+    per-request table (column `repeat`) and the run's summary (nothing is written).
+    `workload` defaults to the config's: synthetic requests for `key`'s prefix, or the
+    ShareGPT conversations. `gauges`: a list that receives the KV-cache use sampled from
+    `/metrics` during the run (every `config.gauge_interval_s`)."""
     if workload is None:
         workload = sharegpt_specs(config) if config.workload == "sharegpt" else None
         workload = workload or synthetic_specs(config, key)
@@ -671,7 +723,9 @@ def execute_run(
         timeout_s=config.request_timeout_s, deadline_s=config.run_deadline_s, progress=progress
     )
     desc = f"{key.mode} {key.regime} c={key.concurrency}"
+    sampler = GaugeSampler(server, config.gauge_interval_s, repeat)
     start = server.counters()
+    sampler.start()
     if not isinstance(workload, loadgen.ShareGPTWorkload):
         warm = [s for s in workload if s.warmup]
         measured = [s for s in workload if not s.warmup]
@@ -702,7 +756,11 @@ def execute_run(
         groups = workload.conversations
     finished = sum(r.status == "ok" for r in results if not r.warmup)
     end = server.counters_after(middle, finished)
+    sampler.stop()
+    if gauges is not None:
+        gauges.extend(sampler.rows)
     frame = loadgen.results_frame(results)
+    frame.insert(0, "repeat", repeat)
     summary: dict[str, Any] = {
         "workload": config.workload,
         "mode": key.mode,
@@ -713,6 +771,7 @@ def execute_run(
         **loadgen.counter_summary(loadgen.counter_deltas(start, middle), "warmup_"),
         **_predicted(config, groups),
         "cache_reset": cache_reset,
+        "repeat": repeat,
     }
     if isinstance(workload, loadgen.ShareGPTWorkload):
         ok = frame[frame["status"] == "ok"]
@@ -728,8 +787,11 @@ def _write_run(
     frame: pd.DataFrame,
     summary: dict[str, Any],
     manifest: dict[str, Any],
+    gauges: pd.DataFrame | None = None,
 ) -> None:
     write_parquet(run_dir / "requests.parquet", frame)
+    if gauges is not None and not gauges.empty:
+        write_parquet(run_dir / "gauges.parquet", gauges)
     write_json(run_dir / "summary.json", summary)
     write_json(run_dir / "manifest.json", manifest)  # last: marks the run complete
 
@@ -767,6 +829,114 @@ def _run_manifest(
     }
 
 
+class GaugeSampler:
+    """Samples the server's gauges (KV-cache use, queue lengths) in a thread during a run."""
+
+    def __init__(self, server: VllmServer, interval_s: float, repeat: int = 0) -> None:
+        self.server = server
+        self.interval_s = interval_s
+        self.repeat = repeat
+        self.rows: list[dict[str, float]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._t0 = time.perf_counter()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            values = self.server.gauges()
+            if values:
+                row = {"repeat": self.repeat, "t_s": time.perf_counter() - self._t0}
+                row.update({k.removeprefix("vllm:"): v for k, v in values.items()})
+                self.rows.append(row)
+            self._stop.wait(self.interval_s)
+
+    def start(self) -> None:
+        if self.interval_s > 0:
+            self._t0 = time.perf_counter()
+            self._thread = threading.Thread(target=self._loop, daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=15.0)
+
+
+class ServerPair:
+    """The caching-on and caching-off servers of one benchmark, started together on first
+    use and reused by every later benchmark whose server flags are the same (a notebook
+    starts each server once). `with ServerPair() as pair:`; stopped on exit."""
+
+    def __init__(self, root: Path | None = None, log: Any = None) -> None:
+        self.root = Path(root) if root else serving_root()
+        self.servers: dict[str, VllmServer] = {}
+        self.say = log or (lambda message: print(message, file=sys.stderr))
+
+    def __enter__(self) -> ServerPair:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def get(self, config: ServingBenchConfig, model: str, modes: Sequence[str]) -> dict:
+        """Running servers for `modes` with `config`'s flags (restarted if they differ)."""
+        wanted = {m: config.server_config(model, m) for m in modes}
+        stale = [m for m, c in wanted.items() if m in self.servers and self.servers[m].config != c]
+        for mode in stale:
+            self.servers.pop(mode).stop()
+        new = [m for m in modes if m not in self.servers]
+        for mode in new:
+            digest = _digest(asdict(wanted[mode]))
+            server = VllmServer(wanted[mode], self.root / "logs" / f"server-{mode}-{digest}.log")
+            self.say(f"starting vLLM server ({mode}, {served_name(model)})")
+            self.servers[mode] = server.launch()
+        for mode in new:
+            try:
+                self.servers[mode].wait_until_ready()
+            except BaseException:
+                self.stop()
+                raise
+            self.say(f"{mode} server ready in {self.servers[mode].startup_s:.1f} s")
+            warm_server(self.servers[mode], config)
+        return {m: self.servers[m] for m in modes}
+
+    def stop(self) -> None:
+        for server in self.servers.values():
+            server.stop()
+        self.servers.clear()
+
+
+def combine_repeats(summaries: Sequence[dict[str, Any]], frame: pd.DataFrame) -> dict[str, Any]:
+    """One cell's summary from its repeats: counts and counter deltas summed, hit rate over
+    the sum, latencies pooled with medians and bootstrap 95 % intervals (serving_stats)."""
+    from analysis import serving_stats
+
+    first = dict(summaries[0])
+    summed = [
+        k
+        for k, v in first.items()
+        if k.startswith(("n_", "prefix_cache_", "prompt_tokens", "generation_tokens"))
+        or k in ("num_preemptions", "request_success", "output_tokens", "wall_s")
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    ]
+    for name in summed:
+        first[name] = float(sum(s.get(name, 0.0) or 0.0 for s in summaries))
+        if name.startswith("n_"):
+            first[name] = int(first[name])
+    for prefix in ("", "warmup_"):
+        queries = first.get(f"{prefix}prefix_cache_queries", 0.0)
+        hits = first.get(f"{prefix}prefix_cache_hits", 0.0)
+        first[f"{prefix}hit_rate"] = hits / queries if queries else math.nan
+    walls = {int(s["repeat"]): float(s["wall_s"]) for s in summaries}
+    first.update(serving_stats.cell_statistics(frame, walls))
+    first["tok_s"] = float(pd.Series([s["tok_s"] for s in summaries]).median())
+    first["cache_reset"] = all(s.get("cache_reset", False) for s in summaries)
+    first["repeat_req_s"] = [float(s["req_s"]) for s in summaries]
+    first.pop("repeat", None)
+    first["notes"] = _notes(first, first["cache_reset"])
+    return first
+
+
 def run_serving_bench(
     config: ServingBenchConfig,
     *,
@@ -776,17 +946,20 @@ def run_serving_bench(
     log: Any = None,
     server: VllmServer | None = None,
     interleave: bool = True,
+    servers: ServerPair | None = None,
 ) -> pd.DataFrame:
-    """Run every (mode, regime, concurrency) of `config` not already cached (all with `force`)
-    and return the summary table of all of them, one row per run (see `summary_table`).
+    """Run every (mode, regime, concurrency) cell of `config` not already cached (all with
+    `force`), `config.repeats` times each, and return the summary table of all of them, one
+    row per cell (see `summary_table`).
 
     One server per mode serves all of that mode's runs; a mode whose runs are all cached
-    starts no server. Each run starts from an emptied prefix cache. With `interleave` (the
-    default) the servers of both modes start together and each (regime, concurrency) runs on
-    one right after the other, so that load from anything else on the machine falls on both
+    starts no server. Each repeat starts from an emptied prefix cache. With `interleave` (the
+    default) the servers of both modes start together and each repeat of a cell runs on one
+    right after the other, so that load from anything else on the machine falls on both
     modes alike; `interleave=False` runs one server at a time (needed where two servers do
     not fit, e.g. one GPU at a high memory fraction). `server`: an already running server to
-    use for its own mode (flags must match); it is left running.
+    use for its own mode (flags must match); it is left running. `servers`: a `ServerPair`
+    that starts (or reuses) the servers and keeps them running afterwards.
     """
     root = Path(root) if root else serving_root()
     model = resolve_model(config.model)
@@ -801,38 +974,158 @@ def run_serving_bench(
     }
     pending = [k for k, d in dirs.items() if force or not is_finished(d)]
     modes = [m for m in config.modes if any(k.mode == m for k in pending)]
-    groups = [modes] if interleave else [[m] for m in modes]
+    groups = [modes] if interleave or servers is not None else [[m] for m in modes]
     for group in groups:
+        if not group:
+            continue
         with contextlib.ExitStack() as stack:
-            servers: dict[str, VllmServer] = {}
-            for mode in group:
-                servers[mode], ours = _server_for_mode(config, model, mode, root, server)
-                if ours:
-                    stack.callback(servers[mode].stop)
-                    say(f"starting vLLM server ({mode}, {served_name(model)})")
-                    servers[mode].launch()
-            for mode, live in servers.items():
-                if not math.isfinite(live.startup_s):
-                    live.wait_until_ready()
-                say(f"{mode} server ready in {live.startup_s:.1f} s at {live.base_url}")
-                warm_server(live, config)
+            if servers is not None:
+                live_servers = servers.get(config, model, group)
+            else:
+                live_servers = {}
+                for mode in group:
+                    live_servers[mode], ours = _server_for_mode(config, model, mode, root, server)
+                    if ours:
+                        stack.callback(live_servers[mode].stop)
+                        say(f"starting vLLM server ({mode}, {served_name(model)})")
+                        live_servers[mode].launch()
+                for mode, live in live_servers.items():
+                    if not math.isfinite(live.startup_s):
+                        live.wait_until_ready()
+                    say(f"{mode} server ready in {live.startup_s:.1f} s at {live.base_url}")
+                    warm_server(live, config)
             for regime, concurrency in pairs:
-                for mode, live in servers.items():
-                    key = RunKey(mode, regime, concurrency)
-                    if key not in pending:
-                        continue
-                    specs = workload if workload is not None else synthetic_specs(config, key)
-                    frame, summary = execute_run(live, config, key, specs, progress=progress)
+                keys = [RunKey(m, regime, concurrency) for m in live_servers]
+                keys = [k for k in keys if k in pending]
+                if not keys:
+                    continue
+                collected: dict[RunKey, tuple[list, list, list]] = {k: ([], [], []) for k in keys}
+                for repeat in range(config.repeats):
+                    # alternate which mode goes first, so that an order effect cancels out
+                    for key in keys if repeat % 2 == 0 else keys[::-1]:
+                        live = live_servers[key.mode]
+                        specs = workload if workload is not None else synthetic_specs(config, key)
+                        frames, summaries, gauges = collected[key]
+                        frame, summary = execute_run(
+                            live,
+                            config,
+                            key,
+                            specs,
+                            progress=progress,
+                            repeat=repeat,
+                            gauges=gauges,
+                        )
+                        frames.append(frame)
+                        summaries.append(summary)
+                for key, (frames, summaries, gauges) in collected.items():
+                    live = live_servers[key.mode]
+                    frame = pd.concat(frames, ignore_index=True)
+                    summary = combine_repeats(summaries, frame)
                     summary["model"] = served_name(model)
                     summary["server_startup_s"] = live.startup_s
-                    summary["interleaved"] = len(servers) > 1
-                    manifest = _run_manifest(dirs[key], config, model, live, len(servers) > 1)
-                    _write_run(dirs[key], frame, summary, manifest)
+                    summary["interleaved"] = len(live_servers) > 1
+                    manifest = _run_manifest(dirs[key], config, model, live, len(live_servers) > 1)
+                    _write_run(dirs[key], frame, summary, manifest, pd.DataFrame(gauges))
                     say(
                         f"{dirs[key].name}: mean TTFT {summary['mean_ttft_s']:.3f} s, "
                         f"{summary['req_s']:.2f} req/s {summary['notes']}".rstrip()
                     )
     return summary_table(load_summaries(list(dirs.values())))
+
+
+# --------------------------------------------------------------------------------------------
+# Calibration: size the workload from the measured speed
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What one request alone costs on this server: a fixed part, prefill per token, and
+    one decode step. Measured on the caching-off server (nothing is reused)."""
+
+    prefill_tok_s: float  # prompt tokens prefilled per second
+    fixed_s: float  # TTFT of a 32-token prompt (HTTP, scheduling, one short prefill)
+    decode_step_s: float  # seconds per output token after the first
+    probe_tokens: int
+
+    def request_s(self, uncached_tokens: int, output_tokens: int, concurrency: int = 1) -> float:
+        """Estimated seconds of one request's share of a run at `concurrency`: its prefill
+        (serial: prefill saturates the CPU) plus its decode, shared by the batch."""
+        decode = self.fixed_s + max(output_tokens - 1, 0) * self.decode_step_s
+        return uncached_tokens / self.prefill_tok_s + decode / max(concurrency, 1)
+
+    def timeout_s(self, prompt_tokens: int, output_tokens: int, concurrency: int) -> float:
+        """A request limit scaled to the measured speed: 10x the time a request could take
+        when it queues behind a full wave of uncached prefills, and at least 30 s."""
+        wave = concurrency * prompt_tokens / self.prefill_tok_s
+        own = self.fixed_s + output_tokens * self.decode_step_s * max(concurrency, 1)
+        return max(30.0, 10.0 * (wave + own))
+
+
+def _probe(server: VllmServer, tokens: int, max_tokens: int, tag: str) -> loadgen.RequestResult:
+    spec = loadgen.RequestSpec(
+        request_id=f"calibrate/{tag}",
+        prompt_ids=tuple([loadgen.BOS_ID, *loadgen.ordinary_ids(tokens - 1, "calibrate", tag)]),
+        max_tokens=max_tokens,
+    )
+    results, _ = run_coroutine(
+        loadgen.run_burst(
+            server.base_url, server.model_name, [spec], 1, timeout_s=600.0, progress=False
+        )
+    )
+    if results[0].status != "ok":
+        raise RuntimeError(f"calibration request failed: {results[0].error}")
+    return results[0]
+
+
+def measure_calibration(server: VllmServer, probe_tokens: int = 1024) -> Calibration:
+    """Two short and two `probe_tokens`-long requests, one at a time (the faster of each
+    pair counts): prefill tokens/s from the TTFT difference, the decode step from TPOT."""
+    short = [_probe(server, 32, 8, f"short{i}") for i in range(2)]
+    long = [_probe(server, probe_tokens, 1, f"long{i}") for i in range(2)]
+    server.reset_prefix_cache()
+    fixed = min(r.ttft_s for r in short)
+    step = min((r.e2e_s - r.ttft_s) / max(r.output_tokens - 1, 1) for r in short)
+    longest = min(r.ttft_s for r in long)
+    # noise on a busy machine can make the gap tiny or negative: count at least a quarter
+    # of the long request's TTFT as its prefill (a conservative, slower estimate)
+    prefill = (probe_tokens - 32) / max(longest - fixed, 0.25 * longest)
+    return Calibration(prefill, fixed, step, probe_tokens)
+
+
+def calibration(
+    pair: ServerPair, config: ServingBenchConfig, *, force: bool = False
+) -> Calibration:
+    """The calibration of `config`'s caching-off server, cached under the serving root (so
+    that a notebook re-run with cached results starts no server)."""
+    model = resolve_model(config.model)
+    key = {"server": config.server_config(model, "no_cache").flags(), **model_identity(model)}
+    path = pair.root / f"calibration-{_digest(key)}.json"
+    if path.is_file() and not force:
+        return Calibration(**{k: v for k, v in read_json(path).items() if k != "key"})
+    # both servers start together (the benchmark that follows needs both)
+    server = pair.get(config, model, list(config.modes))["no_cache"]
+    measured = measure_calibration(server)
+    write_json(path, {**asdict(measured), "key": key})
+    return measured
+
+
+def plan_requests(
+    cal: Calibration,
+    cells: Sequence[tuple[int, int, int]],
+    budget_s: float,
+    *,
+    repeats: int = 3,
+    minimum: int = 8,
+    maximum: int = 32,
+) -> int:
+    """Measured requests per repeat so that all `cells` fit `budget_s` by the calibration's
+    estimate, within [minimum, maximum]. A cell is (uncached prompt tokens per request,
+    output tokens, concurrency); list each mode's cell (caching on has fewer uncached)."""
+    per_request = repeats * sum(cal.request_s(u, o, c) for u, o, c in cells)
+    if per_request <= 0:
+        return maximum
+    return int(min(maximum, max(minimum, budget_s // per_request)))
 
 
 def load_summaries(
@@ -860,6 +1153,19 @@ def load_requests(run_ids: Sequence[str], root: Path | None = None) -> pd.DataFr
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def load_gauges(run_ids: Sequence[str], root: Path | None = None) -> pd.DataFrame:
+    """KV-cache use and queue lengths sampled during the given runs, with a `run_id` column."""
+    base = Path(root) if root else serving_root()
+    frames = []
+    for name in run_ids:
+        path = base / name / "gauges.parquet"
+        if path.is_file():
+            frame = pd.read_parquet(path)
+            frame.insert(0, "run_id", name)
+            frames.append(frame)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
 def summary_table(summaries: pd.DataFrame) -> pd.DataFrame:
     """Seed 003's columns first (mode, prefix_regime, concurrency, mean/p95 TTFT and e2e,
     req/s, tok/s, notes), then p50s, warm-up, counters and the predicted saving."""
@@ -867,6 +1173,17 @@ def summary_table(summaries: pd.DataFrame) -> pd.DataFrame:
         return summaries
     first = [c for c in SUMMARY_COLUMNS if c in summaries.columns]
     extra = [
+        "mean_ttft_lo_s",
+        "mean_ttft_hi_s",
+        "p95_ttft_lo_s",
+        "p95_ttft_hi_s",
+        "mean_tpot_s",
+        "mean_tpot_lo_s",
+        "mean_tpot_hi_s",
+        "p95_tpot_s",
+        "req_s_lo",
+        "req_s_hi",
+        "repeats",
         "p50_ttft_s",
         "p50_e2e_s",
         "mean_ttft_incl_warmup_s",
@@ -909,6 +1226,9 @@ def compare_modes(table: pd.DataFrame) -> pd.DataFrame:
     out["req_s_cache"] = on.loc[both, "req_s"]
     out["throughput_ratio"] = out["req_s_cache"] / out["req_s_no_cache"]
     out["hit_rate_cache"] = on.loc[both, "hit_rate"]
+    if "mean_tpot_s" in table.columns:
+        out["tpot_no_cache_s"] = off.loc[both, "mean_tpot_s"]
+        out["tpot_cache_s"] = on.loc[both, "mean_tpot_s"]
     return out.reset_index()
 
 
@@ -935,9 +1255,24 @@ class PrefixSweepConfig:
     max_num_batched_tokens: int = 1024
     enforce_eager: bool = True
     seed: int = 0
-    repeats: int = 1  # timed batches per fraction; tables keep the best (least disturbed) one
+    repeats: int = 1  # timed batches per fraction (each from an emptied cache)
+    load_format: str | None = None  # "dummy": a real architecture with random weights (GPU)
+    # Seed 004's long-prefill table: `long_prompts` unique prompts of `long_input_len` tokens,
+    # sent `long_rounds` times per output length (round 1 cold, later rounds cached). 0: skip.
+    long_input_len: int = 0
+    long_prompts: int = 10
+    long_output_lens: tuple[int, ...] = (2, 4, 8, 16, 32, 64, 128)
+    long_rounds: int = 3
+    budget_s: float | None = None  # per mode: fewer repeats (>= 2) when the first batch is slow
 
     def __post_init__(self) -> None:
+        if self.long_input_len and (
+            self.long_input_len + max(self.long_output_lens, default=0) > self.max_model_len
+        ):
+            raise ValueError(
+                f"long_input_len {self.long_input_len} + output exceeds max_model_len "
+                f"{self.max_model_len}"
+            )
         if self.repeats < 1 or self.num_prompts < 1:
             raise ValueError(f"repeats and num_prompts must be >= 1, got {self.repeats}")
         if any(not 0.0 <= f <= 1.0 for f in self.fractions):
@@ -971,6 +1306,9 @@ def _engine(config: PrefixSweepConfig, model: str, mode: str) -> Any:
         kwargs["kv_cache_memory_bytes"] = config.kv_cache_memory_bytes
     if config.gpu_memory_utilization is not None:
         kwargs["gpu_memory_utilization"] = config.gpu_memory_utilization
+    load_format = config.load_format or model_shapes.load_format(model)
+    if load_format is not None:
+        kwargs["load_format"] = load_format
     from analysis.vllm_compat import before_engine_start
 
     before_engine_start()
@@ -982,6 +1320,7 @@ def _engine(config: PrefixSweepConfig, model: str, mode: str) -> Any:
         max_num_batched_tokens=config.max_num_batched_tokens,
         enforce_eager=config.enforce_eager,
         seed=config.seed,
+        dtype=models.vllm_dtype(model),
         **kwargs,
     )
 
@@ -991,7 +1330,7 @@ def _sweep_one_mode(config: PrefixSweepConfig, model: str, mode: str, progress: 
     emptied cache."""
     import gc
 
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
     from vllm import SamplingParams
 
     started = time.perf_counter()
@@ -1006,6 +1345,8 @@ def _sweep_one_mode(config: PrefixSweepConfig, model: str, mode: str, progress: 
         0.0, config.num_prompts, config.input_len, seed=config.seed + 1
     )
     llm.generate([{"prompt_token_ids": p} for p in warm], params, use_tqdm=False)
+    batch_s = _timed_batch(llm, warm, params, mode, 0.0, -1)["elapsed_s"]
+    repeats = sweep_repeats(config, batch_s)
     rows = []
     bar = tqdm(
         config.fractions,
@@ -1018,14 +1359,65 @@ def _sweep_one_mode(config: PrefixSweepConfig, model: str, mode: str, progress: 
             prompts = loadgen.prefix_sweep_prompts(
                 fraction, config.num_prompts, config.input_len, seed=config.seed
             )
-            for repeat in range(config.repeats):
+            for repeat in range(repeats):
                 rows.append(_timed_batch(llm, prompts, params, mode, fraction, repeat))
                 rows[-1]["shared_tokens"] = round(fraction * config.input_len)
                 rows[-1]["engine_startup_s"] = startup_s
+        if config.long_input_len:
+            rows += _long_prefill(llm, config, mode)
     finally:
         bar.close()
         del llm
         gc.collect()
+    return rows
+
+
+def sweep_repeats(config: PrefixSweepConfig, batch_s: float) -> int:
+    """Repeats per fraction that fit `config.budget_s` given one batch's time (at least 2,
+    at most `config.repeats`)."""
+    if config.budget_s is None or batch_s <= 0:
+        return config.repeats
+    fitting = int(config.budget_s // (batch_s * len(config.fractions)))
+    return max(min(config.repeats, 2), min(config.repeats, fitting))
+
+
+def _long_prefill(llm: Any, config: PrefixSweepConfig, mode: str) -> list[dict]:
+    """Seed 004's long-prefill table: per output length, an emptied cache, then the same
+    unique long prompts `long_rounds` times; requests/s per round."""
+    from vllm import SamplingParams
+
+    prompts = [
+        [loadgen.BOS_ID, *loadgen.ordinary_ids(config.long_input_len - 1, "long", i)]
+        for i in range(config.long_prompts)
+    ]
+    rows = []
+    for output_len in config.long_output_lens:
+        params = SamplingParams(
+            max_tokens=output_len, ignore_eos=True, temperature=0.0, seed=config.seed
+        )
+        llm.reset_prefix_cache()
+        for round_index in range(1, config.long_rounds + 1):
+            t0 = time.perf_counter()
+            outputs = llm.generate(
+                [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False
+            )
+            elapsed = time.perf_counter() - t0
+            prompt_tokens = sum(len(p) for p in prompts)
+            cached = sum(int(o.num_cached_tokens or 0) for o in outputs)
+            rows.append(
+                {
+                    "mode": mode,
+                    "experiment": "long_prefill",
+                    "output_len": output_len,
+                    "round": round_index,
+                    "num_prompts": len(prompts),
+                    "elapsed_s": elapsed,
+                    "req_s": len(prompts) / elapsed,
+                    "prompt_tokens": prompt_tokens,
+                    "cached_tokens": cached,
+                    "hit_rate": cached / prompt_tokens,
+                }
+            )
     return rows
 
 
@@ -1042,6 +1434,7 @@ def _timed_batch(
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
     return {
         "mode": mode,
+        "experiment": "sweep",
         "fraction": float(fraction),
         "repeat": repeat,
         "num_prompts": len(prompts),
@@ -1091,15 +1484,66 @@ def run_prefix_sweep(
 
 
 def sweep_table(sweep: pd.DataFrame) -> pd.DataFrame:
-    """req/s per fraction (best of the repeats), caching on and off side by side, and their
-    ratio. The best batch is the one least slowed by anything else running on the machine."""
-    wide = sweep.pivot_table(
-        index="fraction", columns="mode", values="req_s", aggfunc="max"
-    ).reset_index()
-    wide.columns.name = None
+    """Per (shared fraction, mode): the median requests/s over the repeats with a bootstrap
+    95 % interval of their mean, and the realized hit rate (prompt tokens the engine served
+    from cache, its own count); then caching on against off side by side with their ratio.
+    The x-axis of seed 004's figure should be `hit_rate_cache`, not the shared fraction."""
+    from analysis import serving_stats
+
+    rows = sweep[sweep["experiment"] == "sweep"] if "experiment" in sweep.columns else sweep
+    records = []
+    for (fraction, mode), group in rows.groupby(["fraction", "mode"]):
+        rates = group["req_s"].to_numpy(dtype=float)
+        low, high = serving_stats.bootstrap_interval([rates], "mean")
+        if rates.size == 1:
+            low = high = float(rates[0])
+        records.append(
+            {
+                "fraction": fraction,
+                "mode": mode,
+                "req_s": float(np.median(rates)),
+                "lo": low,
+                "hi": high,
+                "hit_rate": float(group["hit_rate"].median()),
+                "batches": len(group),
+            }
+        )
+    long = pd.DataFrame(records)
+    wide = long.pivot(index="fraction", columns="mode", values=["req_s", "lo", "hi", "hit_rate"])
+    wide.columns = [
+        name if column == "req_s" else f"{name}_{column}" for column, name in wide.columns
+    ]
+    wide = wide.reset_index()
     if {"cache", "no_cache"} <= set(wide.columns):
         wide["speedup"] = wide["cache"] / wide["no_cache"]
+    wide["batches"] = long.groupby("fraction")["batches"].min().to_numpy()
     return wide
+
+
+def ratio_interval(
+    numerator: Sequence[float], denominator: Sequence[float], seed: int = 0
+) -> tuple[float, float, float]:
+    """mean(numerator) / mean(denominator) with a bootstrap 95 % interval (each side
+    resampled on its own): e.g. caching on vs off at a 0 % hit rate, batch by batch."""
+    top = np.asarray(numerator, dtype=float)
+    bottom = np.asarray(denominator, dtype=float)
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, top.size, (2000, top.size))
+    draws_b = rng.integers(0, bottom.size, (2000, bottom.size))
+    ratios = top[draws].mean(axis=1) / bottom[draws_b].mean(axis=1)
+    low, high = np.percentile(ratios, [2.5, 97.5])
+    return float(top.mean() / bottom.mean()), float(low), float(high)
+
+
+def long_prefill_table(sweep: pd.DataFrame) -> pd.DataFrame:
+    """Seed 004's long-prefill table: requests/s per (mode, round) against the output length."""
+    if "experiment" not in sweep or not (sweep["experiment"] == "long_prefill").any():
+        return pd.DataFrame()
+    rows = sweep[sweep["experiment"] == "long_prefill"].copy()
+    rows["row"] = rows["mode"] + "-round" + rows["round"].astype(int).astype(str)
+    table = rows.pivot_table(index="row", columns="output_len", values="req_s", aggfunc="first")
+    table.columns.name = "output_len"
+    return table
 
 
 __all__ = [

@@ -79,7 +79,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from analysis.cli import CommandError
+from analysis.errors import ShareGPTSourceError
 from analysis.manifest import gc_paused
 
 SOURCES = ("package", "hub", "file")
@@ -118,10 +118,6 @@ _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 _JSON_LITERALS = ("true", "false", "null", "NaN", "Infinity", "-Infinity")
 _DECODER = json.JSONDecoder(strict=False)  # raw control characters in strings are kept
 _PROGRESS_EVERY = 512  # records between progress bar updates
-
-
-class ShareGPTSourceError(CommandError):
-    """A source that cannot be read at all (missing file, not JSON, hub unreachable): one line."""
 
 
 @dataclass(frozen=True)
@@ -313,7 +309,19 @@ def load_conversations(
     with gc_paused():
         conversations = _collect(text, file_path, report, max_conversations, progress, repair)
     report.seconds = round(time.perf_counter() - started, 3)
+    if not conversations and max_conversations != 0:
+        raise ShareGPTSourceError(_nothing_usable(file_path, report))
     return conversations, report
+
+
+def _nothing_usable(path: Path, report: LoadReport) -> str:
+    """One line for a file that yields no conversation: what was read and why it was dropped."""
+    reasons = ", ".join(f"{r} {n:,}" for r, n in sorted(report.dropped.items())) or "none"
+    return (
+        f"{path}: no usable conversation: {report.records_seen:,} records read, "
+        f"{report.records_dropped:,} dropped ({reasons}); give a ShareGPT file with at least "
+        "one conversation that starts with a user message"
+    )
 
 
 def _read_bytes(path: Path) -> bytes:

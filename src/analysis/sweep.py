@@ -22,15 +22,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.errors import GridError
 from analysis.paths import repo_root, reports_dir
 
 CONFIGS_DIR = "configs"
 SERIES_KEYS = {"name", "traces", "engines", "block_sizes", "num_blocks"}
 DIMENSION_FIELDS = {"trace", "engine", "block_size", "num_blocks"}
-
-
-class GridError(ValueError):
-    """A grid file that cannot be read or expanded; one line saying what to fix."""
 
 
 @dataclass(frozen=True)
@@ -190,11 +187,12 @@ def find_point(points: list[Point], point_id: str) -> Point:
     raise GridError(f"no point {point_id!r} in this grid: list them with --list")
 
 
-def result_folder(point: Point) -> Path:
+def result_folder(point: Point, results: Path | None = None) -> Path:
+    """`results/<config_id>` (default results: data/results)."""
     from analysis.engines.runner import config_id_for
     from analysis.paths import results_dir
 
-    return results_dir() / config_id_for(point.config)
+    return Path(results or results_dir()) / config_id_for(point.config)
 
 
 def run_point(point: Point, *, force: bool = False, progress: bool | None = False) -> Path:
@@ -218,12 +216,10 @@ def run_point_notebook(point: Point, grid: str | Path, *, force: bool = False) -
 
 def ensure_grid(name_or_path: str | Path, *, progress: bool = True) -> list[Point]:
     """Run, inline, every point of the grid whose result is missing (finished ones are kept)."""
-    from analysis.progress import bar
+    from analysis.executors import run_points
 
     points = grid_points(name_or_path)
-    missing = [p for p in points if not is_done(p)]
-    for point in bar(missing, enabled=progress, desc="sweep points", unit="point"):
-        run_point(point)
+    run_points(points, "local", progress=progress)
     return points
 
 
@@ -300,8 +296,24 @@ def with_ideal(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
+def sample_limit(rows: pd.DataFrame) -> int | None:
+    """The `limit` (first N conversations) shared by these result rows; None: whole traces."""
+    limits = rows["limit"].drop_duplicates()
+    if len(limits) != 1:
+        raise GridError(f"rows mix samples (limit {sorted(map(str, limits))}): select one")
+    value = limits.iloc[0]
+    return None if value is None or pd.isna(value) else int(value)
+
+
+def sample_words(rows: pd.DataFrame) -> str:
+    """'first 500 conversations' or 'all conversations', for titles and printed tables."""
+    limit = sample_limit(rows)
+    return "all conversations" if limit is None else f"first {limit} conversations"
+
+
 def read_result(name_or_path: str | Path, point_id: str):
-    """The full RunResult (admissions, requests, block events) of one finished point."""
+    """The RunResult of one finished point: admissions, requests, block statistics (and block
+    events where the point kept them in full)."""
     from analysis.engines import RunResult
 
     return RunResult.read(result_folder(find_point(grid_points(name_or_path), point_id)))

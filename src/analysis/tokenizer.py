@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from analysis.cli import CommandError
+from analysis.errors import TokenizerUnavailable
 from analysis.manifest import file_sha256
 
 if TYPE_CHECKING:
@@ -33,10 +33,6 @@ TOKENIZER_FILE = "tokenizer.json"
 WORD_CACHE_CAPACITY = 1_000_000
 PARALLELISM_VARIABLE = "TOKENIZERS_PARALLELISM"
 DEFAULT_WORD_CACHE_CAPACITY = 10_000  # tokenizers' own default
-
-
-class TokenizerUnavailable(CommandError):
-    """A tokenizer that cannot be found or fetched; the message is one line naming the fix."""
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,11 @@
 """Request traces from conversations: the token ids an engine replays, turn by turn.
 
-Multi-turn trace: every user turn is a request whose prompt is the Llama 3 chat template over all
-earlier messages (recorded assistant replies included) plus this user message, ending with the
-assistant header. The request also carries the recorded reply's ids followed by `<|eot_id|>`, so
-that prompt[k] + response[k] is a prefix of prompt[k + 1] (teacher-forced replay).
+Multi-turn trace: every user turn is a request whose prompt is the chat template (Llama 3.2
+Instruct's by default, with its system block and a fixed date; Llama 3.0's as an option: see
+`analysis.chat_template`) over all earlier messages (recorded assistant replies included) plus
+this user message, ending with the assistant header. The request also carries the recorded
+reply's ids followed by `<|eot_id|>`, so that prompt[k] + response[k] is a prefix of
+prompt[k + 1] (teacher-forced replay).
 
 Single-turn trace: one independent request per conversation, either its first turn (`"first"`)
 or one turn drawn at random (`"sampled"`, seeded) with the earlier messages removed. A system
@@ -36,7 +38,6 @@ Arrival modes (closed loop, rates) belong to the run configuration, not to the t
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Sequence
@@ -49,12 +50,13 @@ import pandas as pd
 
 from analysis.chat_template import (
     BOS,
+    DEFAULT_DATE,
+    DEFAULT_TEMPLATE,
     EOT,
-    LLAMA3_CHAT_TEMPLATE,
+    ChatTemplate,
     header,
-    message_body,
 )
-from analysis.cli import CommandError
+from analysis.errors import TraceError
 from analysis.manifest import file_sha256
 from analysis.tokenizer import (
     EncodedTexts,
@@ -75,8 +77,7 @@ POLICIES = ("exclude", "truncate")
 SINGLE_TURN_MODES = ("first", "sampled")
 TRACE_NAMES = ("multi_turn", "single_turn")
 MANIFEST_NAME = "manifest.json"
-FORMAT_VERSION = 1  # bump when the same inputs would give different traces
-TEMPLATE_NAME = "llama3"
+FORMAT_VERSION = 2  # bump when the same inputs would give different traces
 
 TRACE_COLUMNS = (
     "request_id",
@@ -88,10 +89,6 @@ TRACE_COLUMNS = (
     "response_tokens",
     "timestamp",
 )
-
-
-class TraceError(CommandError):
-    """A trace that cannot be built, read or trusted; printed as one line by the CLI."""
 
 
 @dataclass(frozen=True)
@@ -106,8 +103,11 @@ class TraceOptions:
     max_conversations: int | None = None  # the first N conversations only
     tokenizer: str | None = None  # None: the packaged Llama 3.2; a tokenizer.json path; a hub id
     arrival_interval_s: float = 1.0  # synthetic timestamps: row i arrives at i * this
+    template: str = DEFAULT_TEMPLATE  # "llama3.2" (system block with a date) | "llama3"
+    template_date: str = DEFAULT_DATE  # Llama 3.2's "Today Date", e.g. "26 Jul 2024"
 
     def __post_init__(self) -> None:
+        ChatTemplate(self.template, self.template_date)  # validates both
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         if self.single_turn not in SINGLE_TURN_MODES:
@@ -122,6 +122,10 @@ class TraceOptions:
             raise ValueError(f"max_conversations must be >= 0, got {self.max_conversations}")
         if self.arrival_interval_s < 0:
             raise ValueError(f"arrival_interval_s must be >= 0, got {self.arrival_interval_s}")
+
+    @property
+    def chat_template(self) -> ChatTemplate:
+        return ChatTemplate(self.template, self.template_date)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -212,7 +216,8 @@ class _Plan:
 class _SegmentTable:
     """Distinct (role, text) pairs, each rendered as header + body, to be tokenised once."""
 
-    def __init__(self) -> None:
+    def __init__(self, template: ChatTemplate) -> None:
+        self.template = template
         self.index: dict[tuple[str, str], int] = {}
         self.texts: list[str] = []
         self.roles: list[str] = []
@@ -223,7 +228,7 @@ class _SegmentTable:
         if found is None:
             found = len(self.texts)
             self.index[key] = found
-            self.texts.append(header(role) + message_body(text))
+            self.texts.append(self.template.segment(role, text))
             self.roles.append(role)
         return found
 
@@ -288,7 +293,7 @@ def _plan(
 ) -> tuple[list[_Plan], _SegmentTable, dict[str, int]]:
     limit = options.max_conversations
     chosen = conversations if limit is None else conversations[:limit]
-    table = _SegmentTable()
+    table = _SegmentTable(options.chat_template)
     plans: list[_Plan] = []
     skipped_min_turns = 0
     for conversation in chosen:
@@ -299,8 +304,8 @@ def _plan(
             continue
         segments: list[int] = []
         roles: list[str] = []
-        if conversation.system is not None:
-            segments.append(table.add("system", conversation.system))
+        if conversation.system is not None or table.template.has_system_block:
+            segments.append(table.add("system", conversation.system or ""))
             roles.append("system")
         for message in messages:
             segments.append(table.add(message.role, message.text))
@@ -562,9 +567,9 @@ def _single_turn_choice(plans: list[_Plan], options: TraceOptions) -> list[int]:
 # ----------------------------------------------------------------------------- saving, loading
 
 
-def template_info() -> dict[str, str]:
-    digest = hashlib.sha256(LLAMA3_CHAT_TEMPLATE.encode()).hexdigest()
-    return {"name": TEMPLATE_NAME, "sha256": digest, "jinja": LLAMA3_CHAT_TEMPLATE}
+def template_info(options: TraceOptions | None = None) -> dict[str, str | None]:
+    """The template a trace was rendered with: name, date (Llama 3.2), hash, Jinja text."""
+    return (options or TraceOptions()).chat_template.info()
 
 
 def build_request(
@@ -579,7 +584,7 @@ def build_request(
         "data": data,
         "parameters": options.to_dict(),
         "tokenizer_sha256": tokenizer.sha256,
-        "template_sha256": template_info()["sha256"],
+        "template_sha256": template_info(options)["sha256"],
     }
 
 
@@ -641,6 +646,7 @@ def write_trace(path: Path, frame: pd.DataFrame) -> None:
 def load_trace(path: str | Path) -> pd.DataFrame:
     """One trace (Parquet) as a frame with the schema's columns, or a one-line TraceError."""
     import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     path = Path(path)
@@ -654,11 +660,41 @@ def load_trace(path: str | Path) -> pd.DataFrame:
     if missing:
         raise TraceError(f"trace {path} lacks columns {missing}; rebuild it")
     table = table.select(list(TRACE_COLUMNS))
+    wrong = [
+        f"{f.name} is {table.schema.field(f.name).type}, not {f.type}"
+        for f in trace_schema()
+        if not _same_kind(table.schema.field(f.name).type, f.type)
+    ]
     try:
+        if wrong:  # Arrow would parse "12" as 12 or cut 1.5 to 1: refuse instead
+            raise pa.ArrowInvalid("; ".join(wrong))
         table = table.cast(trace_schema())
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise TraceError(f"trace {path} has columns of the wrong type: {exc}") from None
+        raise TraceError(
+            f"trace {path} has columns of the wrong type ({exc}); rebuild it"
+        ) from None
+    for column in ("prompt_ids", "response_ids"):
+        values = table.column(column).combine_chunks().flatten()
+        if len(values) and pc.min(values).as_py() < 0:
+            raise TraceError(f"trace {path}: {column} holds negative token ids; rebuild it")
     return table.to_pandas()
+
+
+def _same_kind(actual: pa.DataType, wanted: pa.DataType) -> bool:
+    """Whether a column can be cast to the schema's type without reinterpreting it: integers
+    stay integers (any width, overflow is checked by the cast), strings stay strings."""
+    import pyarrow as pa
+
+    if pa.types.is_list(wanted) or pa.types.is_large_list(wanted):
+        list_like = pa.types.is_list(actual) or pa.types.is_large_list(actual)
+        return list_like and _same_kind(actual.value_type, wanted.value_type)
+    if pa.types.is_integer(wanted):
+        return pa.types.is_integer(actual)
+    if pa.types.is_floating(wanted):
+        return pa.types.is_integer(actual) or pa.types.is_floating(actual)
+    if pa.types.is_string(wanted):
+        return pa.types.is_string(actual) or pa.types.is_large_string(actual)
+    return actual == wanted
 
 
 def save_traces(
@@ -674,7 +710,6 @@ def save_traces(
     A folder without manifest.json holds an unfinished build. The JSONL export repeats each
     prompt's whole history as text (hundreds of MB for the whole data set): opt in.
     """
-    from analysis.hardware import default_dtype, machine_facts
     from analysis.manifest import git_commit, package_versions, write_json
     from analysis.paths import traces_dir
 
@@ -703,11 +738,9 @@ def save_traces(
         "counts": trace_set.counts,
         "parameters": trace_set.options.to_dict(),
         "tokenizer": trace_set.tokenizer.to_dict(),
-        "template": template_info(),
+        "template": template_info(trace_set.options),
         "seconds": {**trace_set.seconds, "save": round(time.perf_counter() - started, 3)},
         "package_versions": package_versions(),
-        "machine": machine_facts().to_dict(),
-        "model_dtype": default_dtype().to_dict(),  # what the local models use on this machine
         "git_commit": git_commit(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **(manifest_extra or {}),
@@ -771,6 +804,8 @@ def ensure_traces(
     )
     trace_set = build_traces(conversations, options, tokenizer, progress=progress)
     del conversations
+    if trace_set.multi.empty:
+        raise TraceError(_no_request_kept(data_file, trace_set))
     paths = save_traces(
         trace_set,
         out,
@@ -779,6 +814,19 @@ def ensure_traces(
         progress=progress,
     )
     return TraceBuild(load_manifest(out), built=True, paths=paths, load_report=report)
+
+
+def _no_request_kept(data_file: Path, trace_set: TraceSet) -> str:
+    """One line for a build that dropped every request: the counts, and what to change."""
+    selection, multi = trace_set.counts["conversations"], trace_set.counts["multi_turn"]
+    options = trace_set.options
+    return (
+        f"{data_file}: every request was dropped: {selection['used']:,} of "
+        f"{selection['input']:,} conversations used ({selection['skipped_min_turns']:,} with "
+        f"fewer than min_turns={options.min_turns}), {multi['requests_excluded']:,} requests "
+        f"excluded at max_model_len={options.max_model_len}; lower --min-turns, raise "
+        "--max-model-len or use --policy truncate"
+    )
 
 
 def load_manifest(out_dir: str | Path | None = None) -> dict[str, Any] | None:

@@ -65,12 +65,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from analysis.cli import CommandError
+    from analysis.errors import UsageError
 
     try:
         result = compute(args)
     except (ValueError, FileNotFoundError) as exc:
-        raise CommandError(str(exc)) from None
+        raise UsageError(str(exc)) from None
     if args.json:
         print(json.dumps(_json_safe(result), indent=2))
     else:
@@ -111,6 +111,8 @@ def compute(args: argparse.Namespace) -> dict[str, Any]:
         block_size = args.block_size or 16
         reuse_sizes = args.reuse_block_sizes or list(bounds.DEFAULT_REUSE_BLOCK_SIZES)
     loaded = time.perf_counter()
+    if index.num_requests == 0:
+        raise ValueError(f"trace {path} has no requests: rebuild it or give another trace")
     ideal = bounds.ideal_bound(index, block_size)
     keys = index.block_keys(block_size)
     capacities = args.capacities or bounds.default_capacities(index, block_size)

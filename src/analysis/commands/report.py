@@ -1,8 +1,9 @@
 """`python -m analysis report`: execute the committed notebooks in order, then the HTML report.
 
-Each notebook and the HTML export are timed into reports/timings.json, after the stages
-`make report` ran before (analysis.timings); the table of all stages is printed at the end.
-`--plan` prints the estimate for the whole of `make report` and starts a new timings run.
+Each notebook and the HTML export are timed; at the end the per-stage table (with the stages
+`make report` ran before, see `analysis.report_timings`) is printed and kept in
+`reports/timings.json`. `--begin`, `--stage NAME --run CMD` and `--estimate` are the steps the
+Makefile uses to time and announce its own stages.
 """
 
 from __future__ import annotations
@@ -19,44 +20,50 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-html", action="store_true", help="skip the HTML export")
     parser.add_argument(
-        "--plan",
-        action="store_true",
-        help="print the estimated time of `make report` per stage, start a new timings run, "
-        "and run nothing",
+        "--begin", action="store_true", help="start a new reports/timings.json and stop"
     )
+    parser.add_argument(
+        "--estimate", action="store_true", help="print what the report should take and stop"
+    )
+    parser.add_argument("--grid", default="default", help="sweep grid counted by --estimate")
+    parser.add_argument("--stage", default=None, help="with --run: the stage's name")
+    parser.add_argument("--run", default=None, help="with --stage: a shell command to time")
 
 
 def main(args: argparse.Namespace) -> int:
-    from analysis import timings
-    from analysis.cli import CommandError
+    from analysis import report_timings as timings
+    from analysis.errors import UsageError
     from analysis.progress import interactive
-    from analysis.report import execute, report_notebooks, to_html
+    from analysis.report import execute, progress_noise, report_notebooks, to_html
 
+    if args.begin:
+        timings.begin()
+        return 0
+    if (args.stage is None) != (args.run is None):
+        raise UsageError("--stage and --run go together: --stage NAME --run 'COMMAND'")
+    if args.stage is not None:
+        return timings.run_stage(args.stage, args.run)
     notebooks = report_notebooks()
+    if args.estimate:
+        print(timings.estimate(notebooks, timings.pending_points(args.grid)), flush=True)
+        return 0
     if args.notebooks:
         notebooks = [p for p in notebooks if any(p.name.startswith(s) for s in args.notebooks)]
         if not notebooks:
-            raise CommandError(f"no notebook matches {' '.join(args.notebooks)} in notebooks/")
-    stages = [nb.stem for nb in notebooks] + ([] if args.no_html else [timings.HTML_STAGE])
-    if args.plan:
-        previous = timings.start_run()
-        print(timings.machine_line(), flush=True)
-        names = list(timings.PIPELINE_STAGES) + stages
-        print(timings.format_estimate(timings.estimate(names, previous)), flush=True)
-        return 0
-    timings.ensure_run()
-    previous = timings.load().get("previous", {})
-    print(timings.format_estimate(timings.estimate(stages, previous)), flush=True)
+            raise UsageError(f"no notebook matches {' '.join(args.notebooks)} in notebooks/")
     for notebook in notebooks:
         print(f"executing {notebook.name} ...", flush=True)
         done = execute(notebook, progress=interactive())
-        timings.record(timings.Stage(notebook.stem, round(done.seconds, 1)))
-        print(f"  {notebook.name}: {done.seconds:.0f} s", flush=True)
+        timings.record(f"notebook {notebook.stem}", done.seconds)
+        print(f"  {notebook.name}: {timings.format_seconds(done.seconds)}", flush=True)
+        for noise in progress_noise(notebook):
+            print(f"  progress-bar noise in its stderr: {noise!r}", flush=True)
     if not args.no_html:
         started = time.perf_counter()
         index = to_html(report_notebooks())
-        timings.record(timings.Stage(timings.HTML_STAGE, round(time.perf_counter() - started, 1)))
+        timings.record("HTML export", time.perf_counter() - started)
         print(f"report: {index}")
-    print(f"time per stage (also in {timings.timings_path()}):")
-    print(timings.format_table(timings.finish()))
+    finished = timings.finish()
+    print("\nTime per stage:\n" + timings.table(finished))
+    print(f"(also in {timings.timings_path()})")
     return 0

@@ -17,8 +17,8 @@ from pathlib import Path
 
 def configure(parser: argparse.ArgumentParser) -> None:
     from analysis.engines.config import (
+        BLOCK_EVENTS,
         DEVICES,
-        DTYPES,
         ENGINES,
         HASH_ALGOS,
         LONG_PROMPTS,
@@ -26,6 +26,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         OUTPUTS,
         RunConfig,
     )
+    from analysis.hardware import DTYPES
 
     d = RunConfig()
     parser.add_argument(
@@ -33,13 +34,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--engine", choices=ENGINES, default=d.engine)
     parser.add_argument(
-        "--model", default=None, help="model for the vllm engine (default: local random Llama)"
-    )
-    parser.add_argument(
-        "--dtype",
-        choices=DTYPES,
+        "--model",
         default=None,
-        help="model dtype (default: bfloat16 where the machine computes it natively, else float32)",
+        help="model for the vllm engine: a registered shape with random weights (llama-3.2-1b, "
+        "llama-3.1-8b, qwen2.5-7b), a folder or a hub name (default: local random Llama)",
     )
     parser.add_argument("--block-size", type=int, default=d.block_size)
     parser.add_argument("--num-blocks", type=int, default=d.num_blocks)
@@ -63,6 +61,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="only the first N conversations")
     parser.add_argument("--seed", type=int, default=d.seed)
     parser.add_argument("--device", choices=DEVICES, default=d.device)
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=None,
+        help="model dtype (default: bfloat16 where the CPU computes it natively, else float32; "
+        "or $PREFIX_CACHE_LAB_DTYPE)",
+    )
     parser.add_argument("--hash-algo", choices=HASH_ALGOS, default=d.hash_algo)
     parser.add_argument(
         "--long-prompts",
@@ -74,6 +79,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--no-fast-path",
         action="store_true",
         help="replay: let vLLM's schedule() run every decode step (same results, slower)",
+    )
+    parser.add_argument(
+        "--block-events",
+        choices=BLOCK_EVENTS,
+        default=d.block_events,
+        help="write the block events' aggregates (a few kB) or every event (hundreds of MB "
+        "for a whole trace)",
     )
     parser.add_argument("--force", action="store_true", help="run again even if finished")
     parser.add_argument("--results-dir", type=Path, default=None, help="default data/results")
@@ -87,7 +99,6 @@ def config_from_args(args: argparse.Namespace):
         trace=args.trace,
         engine=args.engine,
         model=args.model,
-        dtype=args.dtype,
         block_size=args.block_size,
         num_blocks=args.num_blocks,
         max_model_len=args.max_model_len,
@@ -104,23 +115,21 @@ def config_from_args(args: argparse.Namespace):
         hash_algo=args.hash_algo,
         long_prompts=args.long_prompts,
         fast_path=not args.no_fast_path,
+        dtype=args.dtype,
+        block_events=args.block_events,
     )
 
 
 def main(args: argparse.Namespace) -> int:
-    from analysis.cli import CommandError
-    from analysis.engines import ConfigError, run_and_write
+    from analysis.engines import run_and_write
 
     config = config_from_args(args)
-    try:
-        folder, result = run_and_write(
-            config,
-            args.results_dir,
-            force=args.force,
-            progress=False if args.no_progress else None,
-        )
-    except ConfigError as exc:
-        raise CommandError(str(exc)) from None
+    folder, result = run_and_write(
+        config,
+        args.results_dir,
+        force=args.force,
+        progress=False if args.no_progress else None,
+    )
     if result is None:
         print(f"already finished: {folder} (use --force to run again)")
         return 0

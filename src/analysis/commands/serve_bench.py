@@ -39,7 +39,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-prompts", type=int, default=16, help="prefix-sweep: prompts")
     parser.add_argument("--input-len", type=int, default=1000, help="prefix-sweep: prompt length")
     parser.add_argument(
-        "--repeats", type=int, default=2, help="prefix-sweep: timed batches per point (best kept)"
+        "--repeats",
+        type=int,
+        default=None,
+        help="repeats per cell, each from an emptied cache (default 1; prefix-sweep: timed "
+        "batches per point, default 2); tables give medians and bootstrap 95 %% intervals",
+    )
+    parser.add_argument(
+        "--load-format",
+        default=None,
+        help='vLLM load format, e.g. "dummy": a real architecture with random weights',
     )
     parser.add_argument("--block-size", type=int, default=32)
     parser.add_argument("--max-model-len", type=int, default=None)
@@ -89,7 +98,8 @@ def _run_sweep(args: argparse.Namespace) -> None:
         fractions=tuple(args.fractions),
         num_prompts=args.num_prompts,
         input_len=args.input_len,
-        repeats=args.repeats,
+        repeats=args.repeats or 2,
+        load_format=args.load_format,
         modes=tuple(args.modes or serving.MODES),
         block_size=args.block_size,
         max_model_len=args.max_model_len or 2048,
@@ -110,6 +120,8 @@ def _run_serving(args: argparse.Namespace) -> None:
         prefixes=tuple(args.prefixes),
         concurrency=tuple(args.concurrency),
         requests=args.requests,
+        repeats=args.repeats or 1,
+        load_format=args.load_format,
         modes=tuple(args.modes or serving.MODES),
         suffix_tokens=args.suffix_tokens,
         output_tokens=args.output_tokens,
@@ -133,15 +145,13 @@ def _run_serving(args: argparse.Namespace) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from analysis.cli import CommandError
-    from analysis.loadgen import WorkloadError
-    from analysis.serving import ServerStartError
+    from analysis.errors import UsageError
 
     try:
         if args.workload == "prefix-sweep":
             _run_sweep(args)
         else:
             _run_serving(args)
-    except (ServerStartError, WorkloadError, ValueError) as exc:
-        raise CommandError(str(exc)) from exc
+    except ValueError as exc:  # a bad argument (the core's own errors reach the CLI as they are)
+        raise UsageError(str(exc)) from exc
     return 0

@@ -46,6 +46,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--tokenizer",
         help="a tokenizer.json file or folder, or a hub model id (default: packaged Llama 3.2)",
     )
+    parser.add_argument(
+        "--template",
+        choices=("llama3.2", "llama3"),
+        default="llama3.2",
+        help="chat template: Llama 3.1/3.2 Instruct's (default, system block with a date) or 3.0's",
+    )
+    parser.add_argument(
+        "--template-date",
+        default="26 Jul 2024",
+        help="the date Llama 3.2's system block states (default: the template's own fallback)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of --single-turn sampled")
     parser.add_argument("--out", type=Path, help="output folder (default: data/traces)")
     parser.add_argument("--jsonl", action="store_true", help="also export the seeds' JSONL format")
@@ -54,7 +65,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from analysis.cli import CommandError
+    from analysis.errors import UsageError
     from analysis.paths import traces_dir
     from analysis.traces import TraceOptions, ensure_traces
 
@@ -67,9 +78,11 @@ def main(args: argparse.Namespace) -> int:
             min_turns=args.min_turns,
             max_conversations=args.max_conversations,
             tokenizer=args.tokenizer,
+            template=args.template,
+            template_date=args.template_date,
         )
     except ValueError as exc:
-        raise CommandError(str(exc)) from None
+        raise UsageError(str(exc)) from None
     build = ensure_traces(
         options,
         args.source,

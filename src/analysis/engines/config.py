@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from analysis.errors import ConfigError
 from analysis.hardware import DTYPES
 
 ENGINES = ("replay", "vllm")
@@ -26,14 +27,11 @@ OUTPUTS = ("recorded", "free")
 DEVICES = ("cpu", "cuda")
 HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 LONG_PROMPTS = ("skip", "error")
+BLOCK_EVENTS = ("aggregate", "full")
 # The CPU attention backend only takes block sizes that are multiples of this.
 CPU_BLOCK_MULTIPLE = 32
 # The local random model's context (analysis.models.TINY.max_position_embeddings).
 TINY_MAX_MODEL_LEN = 8192
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot run; the message is one line and says what to change."""
 
 
 @dataclass(frozen=True)
@@ -42,8 +40,7 @@ class RunConfig:
 
     trace: str = "multi_turn"  # a trace name under data/traces/ or a path to a .parquet file
     engine: str = "replay"  # "replay" (vLLM's scheduler without a model) or "vllm" (real LLM)
-    model: str | None = None  # None: the local random-weight Llama (analysis.models.TINY)
-    dtype: str | None = None  # None: bf16 where the machine computes it natively, else float32
+    model: str | None = None  # None: the local random Llama (TINY); a shape name: model_shapes
     block_size: int = 16  # tokens per KV block
     num_blocks: int = 1024  # KV cache capacity in blocks (block 0 is vLLM's null block)
     max_model_len: int = 8192
@@ -60,6 +57,10 @@ class RunConfig:
     hash_algo: str = "sha256"  # vLLM's prefix_caching_hash_algo (sha256 is vLLM's default)
     long_prompts: str = "skip"  # prompts >= max_model_len: "skip" (counted) or "error"
     fast_path: bool = True  # replay: do trivial decode steps outside vLLM (same results)
+    # Weights and KV dtype: None = the local model's by CPU capability (bf16 where native,
+    # else float32; analysis.hardware.choose_dtype); "bfloat16" or "float32" forces it.
+    dtype: str | None = None
+    block_events: str = "aggregate"  # write "aggregate"s of the block events, or "full" rows
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,8 +112,11 @@ class ExplicitOutputs:
 
 
 def config_digest(config: RunConfig, trace_hash: str, extra: str = "") -> str:
+    data = config.to_dict()
+    if data["dtype"] is None:  # by capability: the ids of runs made before the field existed
+        del data["dtype"]
     payload = json.dumps(
-        {"config": config.to_dict(), "trace_hash": trace_hash, "extra": extra},
+        {"config": data, "trace_hash": trace_hash, "extra": extra},
         sort_keys=True,
         separators=(",", ":"),
     )
@@ -129,6 +133,7 @@ def validate(config: RunConfig, *, check_environment: bool = True) -> None:
     _check_choice("long_prompts", config.long_prompts, LONG_PROMPTS)
     if config.dtype is not None:
         _check_choice("dtype", config.dtype, DTYPES)
+    _check_choice("block_events", config.block_events, BLOCK_EVENTS)
     _check_positive("block_size", config.block_size)
     _check_positive("num_blocks", config.num_blocks)
     _check_positive("max_model_len", config.max_model_len)
@@ -178,8 +183,9 @@ def validate(config: RunConfig, *, check_environment: bool = True) -> None:
             )
         if config.device == "cuda" and config.model is None:
             raise ConfigError(
-                "the GPU engine needs a real model: name one with --model "
-                "(for example meta-llama/Llama-3.2-1B-Instruct)"
+                "the GPU engine needs a real-size model: name one with --model, a registered "
+                "shape with random weights (llama-3.2-1b, llama-3.1-8b, qwen2.5-7b) or a model "
+                "folder or hub name"
             )
     if check_environment:
         check_environment_for(config)

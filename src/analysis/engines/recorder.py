@@ -327,9 +327,18 @@ class Recorder:
 
 
 def _hex_prefixes(keys: list[bytes], size: int) -> pd.Categorical:
-    """Hex of each key's first `size` bytes, as a categorical (hashes repeat across events)."""
+    """Hex of each key's first `size` bytes, as a categorical (hashes repeat across events).
+
+    Hex is made once per distinct prefix: the prefixes are read as big-endian integers,
+    whose order is the order of their hex, so categories and codes are those
+    `pd.Categorical(hex_strings)` gives."""
     if not keys:
         return pd.Categorical([])
-    text = b"".join([key[:size] for key in keys]).hex()
-    width = 2 * size
-    return pd.Categorical([text[i : i + width] for i in range(0, len(text), width)])
+    joined = b"".join([key[:size] for key in keys])
+    if size != 8 or len(joined) != 8 * len(keys):  # pragma: no cover - short keys
+        text = joined.hex()
+        width = 2 * size
+        return pd.Categorical([text[i : i + width] for i in range(0, len(text), width)])
+    distinct, codes = np.unique(np.frombuffer(joined, dtype=">u8"), return_inverse=True)
+    categories = [f"{value:016x}" for value in distinct.tolist()]
+    return pd.Categorical.from_codes(codes.astype(np.int64), categories=categories)

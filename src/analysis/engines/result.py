@@ -9,14 +9,21 @@ Folder `data/results/<config_id>/`:
   of max_model_len tokens or more), prompt and output tokens, cached tokens at the first
   admission, preemptions, admissions, submit / first-token / finish steps, TTFT where measured
   (real engine only), and the generated token ids when they are not the workload's outputs.
-- `block_events.parquet`: stored / hit / evicted, block hash (hex of its first 64 bits),
-  block id, request, step and time.
+- `block_stats.parquet`: the block events' exact aggregates the figures read (events per
+  kind, hits per block, reuse gaps in steps; `analysis.blockstats`). A few kB whatever the
+  run's length.
+- `block_events.parquet`, only with `RunConfig.block_events = "full"`: one row per stored /
+  hit / evicted block (block hash as the hex of its first 64 bits, block id, request, step,
+  time). A whole-trace run has tens of millions of them (hundreds of MB), so by default they
+  are kept only in memory, in the `RunResult` that `run()` returns.
 - `counters.json`: the exported counters (`vllm:prefix_cache_queries`, ...), the summed
   `PrefixCacheStats` including the hidden preempted_* fields, and where each came from.
 - `summary.json`: the headline numbers (analysis.hitrates.summarize).
 - `manifest.json`: config, trace hash, versions, git commit, timings. Written last: a folder
   without it is an incomplete run. The whole folder is built under a temporary name and
   renamed into place at the end, so an interrupted run leaves nothing that looks complete.
+  Writers of the same folder take turns (a lock file beside it): the last one wins whole, and
+  a staging folder left by a killed writer is removed by the next one.
 
 Steps are vLLM's scheduler steps (`Scheduler.current_step`), the same in both engines for the
 same workload; times are seconds since the first request was submitted, taken at the start of
@@ -26,18 +33,24 @@ runs), so compare replay runs in steps.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from analysis.blockstats import BlockStats
 from analysis.engines.config import RunConfig
+from analysis.errors import ResultError
 from analysis.manifest import read_json, write_json, write_parquet
 
-TABLES = ("admissions", "requests", "block_events")
+TABLES = ("admissions", "requests", "block_stats")
+OPTIONAL_TABLES = ("block_events",)
 MANIFEST = "manifest.json"
 
 
@@ -47,7 +60,8 @@ class RunResult:
     config_id: str
     admissions: pd.DataFrame
     requests: pd.DataFrame
-    block_events: pd.DataFrame
+    block_stats: BlockStats
+    block_events: pd.DataFrame | None  # None when read from a folder that kept aggregates
     counters: dict[str, Any]
     summary: dict[str, Any] = field(default_factory=dict)
     manifest: dict[str, Any] = field(default_factory=dict)
@@ -66,39 +80,126 @@ class RunResult:
         """Write every table, then the manifest, into a temporary folder renamed at the end."""
         folder = Path(folder)
         folder.parent.mkdir(parents=True, exist_ok=True)
+        _remove_dead_writers(folder)
         staging = folder.with_name(f".{folder.name}.partial-{os.getpid()}")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
         try:
-            for name in TABLES:
-                write_parquet(staging / f"{name}.parquet", getattr(self, name))
+            for name, frame in self.tables().items():
+                write_parquet(staging / f"{name}.parquet", frame)
             write_json(staging / "counters.json", self.counters)
             write_json(staging / "summary.json", self.summary)
             write_json(staging / MANIFEST, self.manifest)
-            _replace_folder(staging, folder)
+            with _writer_lock(folder):
+                _replace_folder(staging, folder)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return folder
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        """The tables a result folder holds: block events only when the config asks for them."""
+        tables = {
+            "admissions": self.admissions,
+            "requests": self.requests,
+            "block_stats": self.block_stats.to_frame(),
+        }
+        if self.config.block_events == "full" and self.block_events is not None:
+            tables["block_events"] = self.block_events
+        return tables
+
+    def without_block_events(self) -> RunResult:
+        """The same result less the events its folder will not hold (to send it elsewhere)."""
+        if self.config.block_events == "full":
+            return self
+        return replace(self, block_events=None)
 
     @classmethod
     def read(cls, folder: Path) -> RunResult:
         folder = Path(folder)
         if not is_complete(folder):
             raise FileNotFoundError(f"{folder} holds no complete run (no {MANIFEST})")
-        manifest = read_json(folder / MANIFEST)
-        tables = {name: pd.read_parquet(folder / f"{name}.parquet") for name in TABLES}
-        return cls(
-            config=RunConfig.from_dict(manifest["config"]),
-            config_id=manifest["config_id"],
-            counters=read_json(folder / "counters.json"),
-            summary=read_json(folder / "summary.json"),
-            manifest=manifest,
-            **tables,
+        manifest = _read_part(folder / MANIFEST, read_json)
+        admissions, requests = (
+            _read_part(folder / f"{name}.parquet", pd.read_parquet) for name in TABLES[:2]
         )
+        events_path = folder / "block_events.parquet"
+        events = _read_part(events_path, pd.read_parquet) if events_path.is_file() else None
+        stats_path = folder / "block_stats.parquet"
+        if stats_path.is_file():
+            stats = BlockStats.from_frame(_read_part(stats_path, pd.read_parquet))
+        elif events is not None:  # a folder written before the aggregates existed
+            stats = BlockStats.from_events(events)
+        else:
+            raise ResultError(
+                f"{folder} has neither block_stats nor block_events: run the point again "
+                "with --force"
+            )
+        try:
+            config = RunConfig.from_dict(manifest["config"])
+            config_id = manifest["config_id"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ResultError(
+                f"{folder / MANIFEST} is not a run manifest ({exc!r}); run the point again "
+                "with --force"
+            ) from None
+        return cls(
+            config=config,
+            config_id=config_id,
+            admissions=admissions,
+            requests=requests,
+            block_stats=stats,
+            block_events=events,
+            counters=_read_part(folder / "counters.json", read_json),
+            summary=_read_part(folder / "summary.json", read_json),
+            manifest=manifest,
+        )
+
+
+def _read_part(path: Path, reader: Callable[[Path], Any]) -> Any:
+    """One file of a result folder, or a one-line ResultError naming it and the fix."""
+    try:
+        return reader(path)
+    except Exception as exc:  # pyarrow, json and OS errors all mean the same here
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise ResultError(
+            f"{path} cannot be read ({reason}); run the point again with --force"
+        ) from None
 
 
 def is_complete(folder: Path) -> bool:
     return (Path(folder) / MANIFEST).is_file()
+
+
+@contextlib.contextmanager
+def _writer_lock(folder: Path) -> Iterator[None]:
+    """One writer at a time swaps `folder` (an flock, released if the process dies)."""
+    lock = folder.with_name(f".{folder.name}.lock")
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _remove_dead_writers(folder: Path) -> None:
+    """Staging and set-aside folders of `folder` whose writing process no longer exists."""
+    for stale in folder.parent.glob(f".{folder.name}.*-*"):
+        kind, _, pid = stale.name.rpartition("-")
+        if not kind.endswith((".partial", ".old")) or not pid.isdigit() or not stale.is_dir():
+            continue
+        if not _alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _replace_folder(staging: Path, folder: Path) -> None:

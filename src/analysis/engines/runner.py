@@ -8,6 +8,7 @@ counters and the manifest, and checks vLLM's own statistics against the per-admi
 from __future__ import annotations
 
 import hashlib
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.blockstats import BlockStats
 from analysis.engines.config import ConfigError, RunConfig, config_digest, validate
 from analysis.engines.recorder import Recorder
 from analysis.engines.result import RunResult
@@ -46,6 +48,7 @@ def run(
         trace_info["explicit_outputs_sha256"] = extra
     config_id = f"{config.readable_prefix()}-{config_digest(config, trace_info['sha256'], extra)}"
     workload = build_workload(frame, config, outputs)
+    check_runnable(workload, trace_info["source"], config)
     recorder = Recorder(num_requests=len(workload.specs), block_size=config.block_size)
     bar = _progress_bar(workload, config, progress)
     prepared = time.perf_counter()
@@ -81,6 +84,42 @@ def run(
         engine_sums=engine_sums,
     )
     return result
+
+
+def check_runnable(workload: Workload, source: str, config: RunConfig) -> None:
+    """Refuse a trace with nothing to run (its rates would be NaN) or with impossible token ids."""
+    from analysis.errors import TraceError
+
+    runnable = [s for s in workload.specs if not s.skipped]
+    if not runnable:
+        raise TraceError(
+            f"trace {source}: nothing to run: {len(workload.specs)} requests, "
+            f"{len(workload.skipped)} with prompts of max_model_len={config.max_model_len} "
+            "tokens or more; give a non-empty trace or raise --max-model-len"
+        )
+    pieces = [p for s in runnable for p in (s.prompt, s.outputs) if len(p)]
+    low = min(int(p.min()) for p in pieces)
+    high = max(int(p.max()) for p in pieces)
+    if low < 0:
+        raise TraceError(f"trace {source}: token id {low} is negative; rebuild the trace")
+    vocab = _vocab_size(config)
+    if vocab is not None and high >= vocab:
+        raise TraceError(
+            f"trace {source}: token id {high} is outside the model's vocabulary ({vocab} ids); "
+            "build the trace with the model's tokenizer"
+        )
+
+
+def _vocab_size(config: RunConfig) -> int | None:
+    """The vocabulary size of the run's model when it is a local folder (None: unknown)."""
+    import json
+
+    from analysis.engines.vllm_args import resolve_model
+
+    path = Path(resolve_model(config)) / "config.json"
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text()).get("vocab_size")
 
 
 def config_id_for(config: RunConfig, trace: str | Path | None = None) -> str:
@@ -160,14 +199,14 @@ def frame_sha256(frame: pd.DataFrame) -> str:
 
 
 def _progress_bar(workload: Workload, config: RunConfig, progress: bool | None) -> Any:
-    from analysis.progress import bar, interactive
-
-    if progress is False or not interactive():
+    if progress is None:
+        progress = sys.stderr.isatty()
+    if not progress:
         return None
+    from analysis.progress import bar as tqdm
+
     total = sum(not s.skipped for s in workload.specs)
-    return bar(
-        total=total, enabled=progress, unit="req", desc=f"{config.engine} b{config.block_size}"
-    )
+    return tqdm(total=total, unit="req", desc=f"{config.engine} b{config.block_size}")
 
 
 def assemble(
@@ -195,6 +234,7 @@ def assemble(
         config_id=config_id,
         admissions=admissions,
         requests=requests,
+        block_stats=BlockStats.from_events(events),
         block_events=events,
         counters=counters,
     )
@@ -303,6 +343,20 @@ def _counters(
     }
 
 
+def dtype_facts(config: RunConfig) -> dict[str, Any]:
+    """The dtype the run's model computed in, and why (by capability, asked for, the model's)."""
+    from analysis.engines.vllm_args import resolve_model
+    from analysis.hardware import choose_dtype
+    from analysis.models import folder_dtype
+
+    saved = folder_dtype(resolve_model(config))
+    if config.model is None or config.dtype is not None:
+        choice = choose_dtype(config.dtype).to_dict()
+    else:
+        choice = {"dtype": saved or "auto", "reason": "the named model's own (vLLM dtype=auto)"}
+    return {**choice, "model_folder_dtype": saved}
+
+
 def build_manifest(
     config: RunConfig,
     config_id: str,
@@ -311,8 +365,7 @@ def build_manifest(
     timings: dict[str, float],
     engine_sums: dict[str, int],
 ) -> dict[str, Any]:
-    from analysis.engines.vllm_args import dtype_choice
-    from analysis.hardware import machine_facts
+    from analysis.hardware import machine
     from analysis.manifest import git_commit, package_versions
 
     return {
@@ -320,8 +373,8 @@ def build_manifest(
         "config": config.to_dict(),
         "trace": trace_info,
         "engine": engine_facts,
-        "dtype": dtype_choice(config),
-        "machine": machine_facts().to_dict(),
+        "machine": machine().to_dict(),
+        "dtype": dtype_facts(config),
         "timings": timings,
         "checks": {"per_admission_sums_equal_prefix_cache_stats": engine_sums},
         "versions": package_versions(),

@@ -6,10 +6,9 @@
 - `async_scheduling=False`: one `schedule()` and one `update_from_output()` per step, so a
   closed-loop client's next turn arrives at the same step boundary in both engines.
 - `disable_log_stats=False`: the stat loggers (and so the exported counters) are on.
-- `use_tqdm_on_load=False`: no weight-loading bar in the notebooks' outputs.
 
-The dtype is always passed: vLLM's "auto" would run a float32 folder in bf16 on any x86 CPU,
-~150x slower where bf16 is not native.
+A registered shape (analysis.model_shapes, e.g. `llama-3.1-8b`) is a real architecture with
+random weights: its folder is written on first use and vLLM loads it with `load_format="dummy"`.
 """
 
 from __future__ import annotations
@@ -19,40 +18,24 @@ from pathlib import Path
 from typing import Any
 
 from analysis.engines.config import RunConfig
+from analysis.models import vllm_dtype
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-# What vLLM is told when a named model runs without --dtype: its own choice.
-AUTO = "auto"
-
-
-def dtype_choice(config: RunConfig) -> dict[str, str]:
-    """The dtype the run asks vLLM for, and why: --dtype, else by capability for the local
-    model, else vLLM's own choice for a named model."""
-    from analysis.hardware import choose_dtype
-
-    if config.dtype is None and config.model is not None:
-        return {"dtype": AUTO, "reason": "a named model without --dtype: vLLM's choice"}
-    return choose_dtype(config.dtype, config.device).to_dict()
 
 
 def resolve_model(config: RunConfig) -> str:
-    """The model folder or name: the local random Llama (built on first use) by default."""
+    """The model folder or name: the local random Llama (built on first use, in
+    `config.dtype` or the dtype the CPU computes natively) by default, a registered shape's
+    folder (analysis.model_shapes, written on first use) for a shape name."""
+    from analysis import model_shapes
+
+    if model_shapes.is_shape(config.model):
+        return str(model_shapes.materialise(config.model))
     if config.model is not None:
         return config.model
     from analysis.models import TINY, ensure_random_llama
 
-    return str(ensure_random_llama(TINY, dtype_choice(config)["dtype"]))
-
-
-def model_dtype(config: RunConfig, model: str) -> str:
-    """The dtype vLLM runs the model in: --dtype, else the local folder's, else "auto"."""
-    if config.dtype is not None:
-        return config.dtype
-    if config.model is None:
-        from analysis.models import built_dtype
-
-        return built_dtype(model) or AUTO
-    return AUTO
+    return str(ensure_random_llama(TINY, config.dtype))
 
 
 def engine_kwargs(config: RunConfig, model: str) -> dict[str, Any]:
@@ -69,12 +52,32 @@ def engine_kwargs(config: RunConfig, model: str) -> dict[str, Any]:
         "seed": config.seed,
         "async_scheduling": False,
         "disable_log_stats": False,
-        "use_tqdm_on_load": False,  # a bar per load: noise in notebooks, instant for small models
-        "dtype": model_dtype(config, model),
+        "use_tqdm_on_load": False,  # no "Loading safetensors" bar in notebooks and logs
     }
     if config.max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = config.max_num_batched_tokens
+    fmt = kwargs_load_format(config, model)
+    if fmt is not None:
+        kwargs["load_format"] = fmt
+    # vLLM's "auto" would run a float32 folder in bf16: give the folder's dtype (or the asked one).
+    kwargs["dtype"] = config.dtype or vllm_dtype(model)
     return kwargs
+
+
+def kwargs_load_format(config: RunConfig, model: str) -> str | None:
+    """ "dummy" (random weights) for a registered shape, else None (vLLM's own default)."""
+    from analysis.model_shapes import load_format
+
+    return load_format(config.model) or load_format(model)
+
+
+def weights_note(config: RunConfig, model: str) -> str:
+    """What the manifest says about the weights the engine ran with."""
+    if kwargs_load_format(config, model) is not None:
+        return "random (registered shape, load_format='dummy')"
+    if config.model is None:
+        return "random (the local random-weight Llama)"
+    return "loaded from the model"
 
 
 def model_shape(model: str) -> dict[str, Any]:
@@ -93,20 +96,17 @@ def model_shape(model: str) -> dict[str, Any]:
 
 
 def kv_bytes_per_block(model: str, block_size: int, dtype: str | None = None) -> int | None:
-    """Bytes of K and V for one block over all layers (None if the shape is unknown).
-
-    `dtype`: the dtype the engine runs in; None or "auto": the one in the model's config.
-    """
+    """Bytes of K and V for one block over all layers (None if the shape is unknown), in
+    `dtype` when the engine casts the model, else in the dtype the folder was saved in."""
     shape = model_shape(model)
     if not shape:
         return None
-    used = shape["dtype"] if dtype in (None, AUTO) else dtype
-    dtype_bytes = DTYPE_BYTES.get(used, 2)
+    dtype_bytes = DTYPE_BYTES.get(dtype or shape["dtype"], 2)
     return (
         2
         * shape["num_layers"]
         * shape["num_kv_heads"]
         * shape["head_size"]
         * block_size
-        * (dtype_bytes)
+        * dtype_bytes
     )

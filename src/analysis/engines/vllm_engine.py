@@ -7,9 +7,11 @@ tokenizer and chat template (analysis.models.TINY, built on first use); on a GPU
 driver calls `LLMEngine.add_request` / `LLMEngine.step` itself, so closed-loop arrivals happen
 at the same step boundaries as in `replay`.
 
-Outputs: `recorded` (and explicit token lists) are forced with a logits processor and greedy
-sampling, so the engine emits exactly the workload's tokens; `free` lets the model generate
-(greedy, `ignore_eos`, the same number of tokens), and the result keeps what it generated.
+Outputs: `recorded` (and explicit token lists) are forced, so the engine emits exactly the
+workload's tokens: with a logits processor and greedy sampling under Model Runner V1 (CPU), with
+vLLM's trace replay under V2 (the CUDA default); the manifest names the mechanism. `free` lets
+the model generate (greedy, `ignore_eos`, the same number of tokens), and the result keeps what
+it generated.
 Exported counters come from `llm.get_metrics()` (difference over the run).
 """
 
@@ -23,7 +25,13 @@ import numpy as np
 
 from analysis.engines.config import ConfigError, RunConfig
 from analysis.engines.recorder import Recorder
-from analysis.engines.vllm_args import engine_kwargs, kv_bytes_per_block, resolve_model
+from analysis.engines.vllm_args import (
+    engine_kwargs,
+    kv_bytes_per_block,
+    kwargs_load_format,
+    resolve_model,
+    weights_note,
+)
 from analysis.engines.workload import Arrivals, Workload
 
 EXPORTED_COUNTERS = (
@@ -39,26 +47,49 @@ EXPORTED_COUNTERS = (
 
 def build_llm(config: RunConfig, forced: bool) -> tuple[Any, str]:
     """A `vllm.LLM` in this process with the run's settings; returns (llm, model)."""
+    llm, model, _ = build_engine(config, forced)
+    return llm, model
+
+
+def build_engine(config: RunConfig, forced: bool) -> tuple[Any, str, dict[str, Any]]:
+    """A `vllm.LLM` with the run's settings; returns (llm, model, how outputs are forced).
+
+    With forced outputs the mechanism follows the model runner vLLM resolves for exactly these
+    arguments (see analysis.engines.forced), and the built engine is checked to run that one.
+    """
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM
+
+    from analysis.vllm_compat import before_engine_start
 
     model = resolve_model(config)
     kwargs = engine_kwargs(config, model)
     if config.device == "cpu":
-        per_block = kv_bytes_per_block(model, config.block_size, kwargs["dtype"])
+        per_block = kv_bytes_per_block(model, config.block_size, config.dtype)
         if per_block is not None:
             kwargs["kv_cache_memory_bytes"] = per_block * config.num_blocks
         else:
             kwargs["gpu_memory_utilization"] = 0.5
-    if forced:
-        from analysis.engines.forced import ForcedTokensLogitsProcessor
-
-        kwargs["logits_processors"] = [ForcedTokensLogitsProcessor]
-    from analysis.vllm_compat import before_engine_start
-
     before_engine_start()
+    forcing: dict[str, Any] = {"mechanism": None}
+    if forced:
+        from analysis.engines import forced as forcing_module
+
+        runner = forcing_module.resolved_model_runner(kwargs)
+        mechanism = forcing_module.choose_forcing(runner, forcing_module.trace_replay_available())
+        kwargs.update(forcing_module.forcing_engine_kwargs(mechanism))
+        forcing = {"mechanism": mechanism, "model_runner": runner}
     llm = LLM(**kwargs)
-    return llm, model
+    from analysis.engines.forced import runner_name
+
+    ran = runner_name(llm.llm_engine.vllm_config)
+    if forced and ran != forcing["model_runner"]:
+        raise ConfigError(
+            f"vLLM resolved Model Runner {forcing['model_runner']} before the engine start but "
+            f"started {ran}: set VLLM_USE_V2_MODEL_RUNNER explicitly (0 or 1)"
+        )
+    forcing["model_runner"] = ran
+    return llm, model, forcing
 
 
 def _engine_core(llm: Any) -> Any:
@@ -78,13 +109,15 @@ def run_vllm(
     """Run the workload through the real engine; fills `recorder`; returns engine facts."""
     from vllm import SamplingParams
 
-    from analysis.engines.forced import FORCED_KEY
+    from analysis.engines.forced import forced_params
 
     forced = config.outputs != "free" or workload.explicit
     built = time.perf_counter()
-    llm, model = build_llm(config, forced)
+    llm, model, forcing = build_engine(config, forced)
+    mechanism = forcing["mechanism"]
     build_seconds = time.perf_counter() - built
     engine = llm.llm_engine
+    _ensure_logging_stat_logger(engine)
     core = _engine_core(llm)
     scheduler = core.scheduler
     recorder.attach(scheduler)
@@ -107,7 +140,7 @@ def run_vllm(
                 max_tokens=len(outputs),
                 ignore_eos=True,
                 temperature=0.0,
-                extra_args={FORCED_KEY: outputs} if forced else None,
+                **(forced_params(mechanism, outputs) if forced else {}),
             )
             internal = engine.add_request(
                 spec.request_id, {"prompt_token_ids": workload.prompt_list(index)}, params
@@ -138,8 +171,7 @@ def run_vllm(
                 reason = completion.finish_reason if completion is not None else None
                 recorder.finished(index, scheduler.current_step, reason, len(tokens))
                 cached_reported[index] = output.num_cached_tokens or 0
-                if not forced:
-                    generated[index] = tokens
+                generated[index] = tokens
                 finished.append(index)
                 unfinished -= 1
         if finished:
@@ -158,7 +190,13 @@ def run_vllm(
         "build_seconds": round(build_seconds, 3),
         "model": model,
         "device": config.device,
+        "model_dtype": str(core.vllm_config.model_config.dtype).removeprefix("torch."),
         "forced_outputs": forced,
+        "forcing": forcing["mechanism"],
+        "model_runner": forcing["model_runner"],
+        "load_format": kwargs_load_format(config, model),
+        "weights": weights_note(config, model),
+        "forced_output_mismatches": _forced_mismatches(workload, generated) if forced else 0,
         "resolved": resolved_settings(core.vllm_config, scheduler),
         "exported": exported,
         "logged_window_hit_rate": _logged_window_rate(engine),
@@ -170,6 +208,14 @@ def run_vllm(
     llm.llm_engine.engine_core.shutdown()
     del llm
     return facts
+
+
+def _forced_mismatches(workload: Workload, generated: dict[int, list[int]]) -> int:
+    """Finished requests whose emitted tokens are not the ones they were forced to emit."""
+    return sum(
+        list(map(int, workload.output_list(index))) != list(map(int, tokens))
+        for index, tokens in generated.items()
+    )
 
 
 def _cached_token_mismatches(recorder: Recorder, reported: np.ndarray) -> int:
@@ -191,6 +237,23 @@ def counter_values(llm: Any) -> dict[str, float]:
         if isinstance(metric, Counter):
             totals[metric.name] = totals.get(metric.name, 0) + metric.value
     return {name: int(value) for name, value in totals.items()}
+
+
+def _ensure_logging_stat_logger(engine: Any) -> None:
+    """Give the engine vLLM's own LoggingStatLogger when it has none.
+
+    vLLM adds it only when its logger is at INFO level; without it there is no logged
+    "Prefix cache hit rate" to compare with. This one is fed by vLLM's own record() calls, the
+    same as the default; its log() lines still follow vLLM's logging level.
+    """
+    manager = getattr(engine, "logger_manager", None)
+    if manager is None or _logged_window_rate(engine) is not None:
+        return
+    from vllm.v1.metrics.loggers import LoggingStatLogger, PerEngineStatLoggerAdapter
+
+    manager.stat_loggers.append(
+        PerEngineStatLoggerAdapter(engine.vllm_config, [0], LoggingStatLogger)
+    )
 
 
 def _logged_window_rate(engine: Any) -> float | None:

@@ -9,10 +9,13 @@ table of `figures/README.md`, so the folder documents itself.
 
 from __future__ import annotations
 
+import fcntl
 import re
+import warnings
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import numpy as np
 import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.ticker import PercentFormatter
@@ -80,6 +83,8 @@ def save_figure(fig: Figure, name: str, caption: str, folder: Path | None = None
     """Save `fig` as PNG and SVG under a stable name and record its caption in the README."""
     if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", name):
         raise ValueError(f"figure name {name!r}: use lower-case letters, digits, '-' and '_'")
+    for problem in nan_series(fig):
+        warnings.warn(f"figure {name}: {problem}", RuntimeWarning, stacklevel=2)
     folder = Path(folder) if folder else figures_dir()
     folder.mkdir(parents=True, exist_ok=True)
     for suffix, metadata in ((".png", {"Software": None}), (".svg", {"Date": None})):
@@ -88,12 +93,35 @@ def save_figure(fig: Figure, name: str, caption: str, folder: Path | None = None
     _record_caption(folder / "README.md", name, caption)
 
 
+def nan_series(fig: Figure) -> list[str]:
+    """One line per drawn series with NaN values: matplotlib leaves them out without a word,
+    so a rate over nothing (a NaN) would silently be a gap in the figure."""
+    problems = []
+    for ax in fig.axes:
+        series = [(line.get_label(), line.get_xydata()) for line in ax.get_lines()]
+        series += [(c.get_label(), c.get_offsets()) for c in ax.collections]
+        for number, (label, values) in enumerate(series):
+            values = np.ma.filled(np.ma.asarray(values, dtype=float), 0.0)
+            missing = int(np.isnan(values).any(axis=-1).sum()) if values.size else 0
+            if missing:
+                name = repr(label) if label and not label.startswith("_") else f"series {number}"
+                problems.append(f"{name} has {missing} NaN point(s), left out of the drawing")
+    return problems
+
+
 def _record_caption(readme: Path, name: str, caption: str) -> None:
-    rows = _read_captions(readme)
-    rows[name] = " ".join(caption.split()).replace("|", "/")
-    body = "".join(f"| [{n}]({n}.png) | {rows[n]} |\n" for n in sorted(rows))
-    with atomic_path(readme) as tmp:
-        tmp.write_text(README_HEADER + body)
+    """Read, change and write the caption table under a lock: notebooks run in parallel
+    (`make report`) save figures into the same folder, and none may lose another's line."""
+    with open(readme.with_name(f".{readme.name}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            rows = _read_captions(readme)
+            rows[name] = " ".join(caption.split()).replace("|", "/")
+            body = "".join(f"| [{n}]({n}.png) | {rows[n]} |\n" for n in sorted(rows))
+            with atomic_path(readme) as tmp:
+                tmp.write_text(README_HEADER + body)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _read_captions(readme: Path) -> dict[str, str]:

@@ -1,0 +1,172 @@
+"""Sweep executors: `local` and `ray` (a real local Ray instance with 2 CPUs) give the same
+result tables; a killed Ray worker's point is run again with the same result; an interrupted
+sweep resumes with the points it had not finished; `--executor ray` without Ray is one line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis import executors, sweep
+from analysis.engines import RunResult
+from analysis.engines.synthetic import synthetic_trace
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory) -> Path:
+    """A 4-point grid over a small synthetic trace: block sizes 16 and 32, two caches each."""
+    from analysis.traces import write_trace
+
+    folder = tmp_path_factory.mktemp("grid")
+    trace = folder / "tiny.parquet"
+    write_trace(trace, synthetic_trace(60, turns=(1, 4), user_tokens=(20, 300), seed=5))
+    path = folder / "four.toml"
+    path.write_text(
+        f"""
+[base]
+mode = "closed-loop"
+concurrency = 4
+max_model_len = 2048
+
+[[series]]
+name = "capacity"
+traces = ["{trace}"]
+engines = ["replay"]
+block_sizes = [16, 32]
+num_blocks = [200, 2000]
+"""
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def ray_instance():
+    """One local Ray instance with 2 CPUs for the module (executors leave it running)."""
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def local_results(grid, tmp_path_factory) -> Path:
+    results = tmp_path_factory.mktemp("local")
+    executors.run_points(sweep.grid_points(grid), "local", results=results, progress=False)
+    return results
+
+
+def same_tables(folder_a: Path, folder_b: Path) -> None:
+    """Two result folders hold the same tables (wall-clock columns and seconds aside)."""
+    a, b = RunResult.read(folder_a), RunResult.read(folder_b)
+    assert a.config_id == b.config_id
+    pd.testing.assert_frame_equal(
+        a.admissions.drop(columns="time_s"), b.admissions.drop(columns="time_s")
+    )
+    timing = ["ttft_s", "e2e_s"]
+    pd.testing.assert_frame_equal(a.requests.drop(columns=timing), b.requests.drop(columns=timing))
+    assert a.block_stats == b.block_stats
+    assert a.counters == b.counters
+    for result in (a, b):
+        result.summary["blocks"].pop("reuse_gap_seconds")
+    assert a.summary == b.summary
+    assert sorted(p.name for p in folder_a.iterdir()) == sorted(p.name for p in folder_b.iterdir())
+
+
+def test_local_and_ray_give_identical_tables(grid, local_results, ray_instance, tmp_path):
+    points = sweep.grid_points(grid)
+    assert len(points) == 4
+    done = executors.run_points(points, "ray", results=tmp_path, progress=False)
+    assert len(done.ran) == 4 and not done.skipped
+    for point in points:
+        same_tables(sweep.result_folder(point, local_results), sweep.result_folder(point, tmp_path))
+    assert not list(tmp_path.glob(".*"))  # no staging folder left behind
+    again = executors.run_points(points, "ray", results=tmp_path, progress=False)
+    assert not again.ran and len(again.skipped) == 4
+
+
+def _ray_workers_running(task: str) -> list[int]:
+    """Workers of this test's own Ray instance (descendants of this process) running `task`."""
+    import psutil
+
+    pids = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            cmdline = " ".join(process.cmdline())
+        except psutil.Error:  # ended meanwhile
+            continue
+        if cmdline.startswith(f"ray::{task}"):
+            pids.append(process.pid)
+    return pids
+
+
+def test_killed_ray_worker_is_retried_with_the_same_result(
+    grid, local_results, ray_instance, tmp_path
+):
+    point = sweep.grid_points(grid)[0]
+    outcome: dict[str, object] = {}
+
+    def sweep_in_background() -> None:
+        try:
+            outcome["run"] = executors.run_points([point], "ray", results=tmp_path, progress=False)
+        except BaseException as exc:  # reported by the assertion below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=sweep_in_background)
+    thread.start()
+    killed = None
+    deadline = time.monotonic() + 120
+    while killed is None and thread.is_alive() and time.monotonic() < deadline:
+        running = _ray_workers_running("compute_point")
+        if running:
+            killed = running[0]
+            os.kill(killed, signal.SIGKILL)
+        time.sleep(0.01)
+    thread.join(timeout=300)
+    assert killed is not None, "the point finished before its worker could be killed"
+    assert "error" not in outcome, outcome.get("error")
+    assert [p.point_id for p in outcome["run"].ran] == [point.point_id]
+    same_tables(sweep.result_folder(point, local_results), sweep.result_folder(point, tmp_path))
+
+
+class Interrupt(KeyboardInterrupt):
+    """Ctrl-C after the first finished point."""
+
+
+@pytest.mark.parametrize("executor", ["local", "ray"])
+def test_interrupted_sweep_resumes_with_the_rest(grid, ray_instance, tmp_path, executor):
+    points = sweep.grid_points(grid)
+
+    def stop(point) -> None:
+        raise Interrupt
+
+    with pytest.raises(Interrupt):
+        executors.run_points(points, executor, results=tmp_path, progress=False, on_done=stop)
+    finished = [p for p in points if sweep.is_done(p, sweep.result_folder(p, tmp_path))]
+    assert len(finished) == 1
+    manifest = sweep.result_folder(finished[0], tmp_path) / "manifest.json"
+    written = manifest.stat().st_mtime_ns
+    resumed = executors.run_points(points, executor, results=tmp_path, progress=False)
+    assert [p.point_id for p in resumed.skipped] == [finished[0].point_id]
+    assert len(resumed.ran) == 3
+    assert manifest.stat().st_mtime_ns == written
+    assert all(sweep.is_done(p, sweep.result_folder(p, tmp_path)) for p in points)
+
+
+def test_ray_executor_without_ray_is_one_line(grid, monkeypatch, capsys):
+    from analysis.cli import main
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    assert main(["sweep", "--grid", str(grid), "--executor", "ray"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0
+    assert "needs Ray" in err and "pip install '.[ray]'" in err and "EXTRAS=ray" in err

@@ -1,0 +1,53 @@
+"""Progress bars only on a terminal; executed notebooks keep no progress-bar noise."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis import progress
+from analysis.report import progress_noise
+
+
+def test_bar_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(progress, "interactive", lambda: False)
+    assert progress.bar(range(3)).disable
+    monkeypatch.setattr(progress, "interactive", lambda: True)
+    assert not progress.bar(range(3)).disable
+    assert progress.bar(range(3), enabled=False).disable
+    assert progress.bar(range(3), disable=True).disable  # a call site's own switch still works
+    assert list(progress.bar(range(3), enabled=False)) == [0, 1, 2]
+
+
+def test_import_analysis_filters_the_iprogress_warning() -> None:
+    code = (
+        "import warnings, analysis\n"
+        "with warnings.catch_warnings(record=True) as seen:\n"
+        "    warnings.warn('IProgress not found. Please update jupyter and ipywidgets.')\n"
+        "    warnings.warn('another warning')\n"
+        "print([str(w.message) for w in seen])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "['another warning']"
+
+
+def test_progress_noise_is_found_in_stderr_outputs(tmp_path: Path) -> None:
+    def stream(name: str, text: str) -> dict:
+        return {"output_type": "stream", "name": name, "text": [text]}
+
+    cells = [
+        {"cell_type": "code", "outputs": [stream("stderr", "\rsweep points: 0point [00:00]")]},
+        {"cell_type": "code", "outputs": [stream("stderr", "TqdmWarning: IProgress not found")]},
+        {"cell_type": "code", "outputs": [stream("stderr", "a real warning\n")]},
+        {"cell_type": "code", "outputs": [stream("stdout", "\rprinted on purpose")]},
+    ]
+    path = tmp_path / "nb.ipynb"
+    path.write_text(json.dumps({"cells": cells}))
+    assert progress_noise(path) == [
+        "sweep points: 0point [00:00]",
+        "TqdmWarning: IProgress not found",
+    ]

@@ -1,0 +1,73 @@
+"""`make report`'s stage timings: recorded as stages finish, tabled at the end, and the last
+finished run kept for the next estimate."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from analysis import report_timings as timings
+from analysis.report import report_notebooks
+
+REPO_NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+
+
+@pytest.fixture(autouse=True)
+def tmp_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("PREFIX_CACHE_LAB_ROOT", str(tmp_path))
+    return tmp_path
+
+
+def test_stages_are_recorded_tabled_and_kept_for_the_next_estimate(tmp_root: Path) -> None:
+    timings.begin()
+    assert timings.run_stage("ok stage", "true") == 0
+    assert timings.run_stage("failing stage", "exit 3") == 3
+    timings.record("notebook 01-x", 75.0)
+    done = timings.finish()
+    assert [s["stage"] for s in done["stages"]] == ["ok stage", "failing stage", "notebook 01-x"]
+    assert [s["ok"] for s in done["stages"]] == [True, False, True]
+    text = timings.table(done)
+    assert "notebook 01-x" in text and "1m15s" in text and "(failed)" in text
+    saved = json.loads((tmp_root / "reports" / "timings.json").read_text())
+    assert saved["finished"] and saved["total_s"] == done["total_s"]
+    timings.begin()  # the next run: the finished one becomes "previous"
+    again = timings.load()
+    assert again["stages"] == [] and again["previous"]["stages"] == done["stages"]
+    estimate = timings.estimate([], {"replay": 3})
+    assert "last finished run here took" in estimate and "3 replay" in estimate
+
+
+def test_a_standalone_command_after_a_finished_run_starts_a_new_record() -> None:
+    timings.record("first", 1.0)
+    timings.finish()
+    timings.record("second", 2.0)
+    assert [s["stage"] for s in timings.load()["stages"]] == ["second"]
+
+
+def test_stated_run_times_are_read_from_the_first_cell(tmp_root: Path) -> None:
+    cell = {
+        "cell_type": "markdown",
+        "source": ["# Q\n", "**Run time on a 2-core CPU.** About 20-40 s.\n"],
+    }
+    path = tmp_root / "x.ipynb"
+    path.write_text(json.dumps({"cells": [cell]}))
+    assert timings.stated_seconds(path) == 40.0
+    cell["source"][1] = "**Run time on a 2-core CPU.** About 5 minutes the first time.\n"
+    path.write_text(json.dumps({"cells": [cell]}))
+    assert timings.stated_seconds(path) == 300.0
+
+
+def test_most_committed_notebooks_state_a_run_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PREFIX_CACHE_LAB_ROOT", str(REPO_NOTEBOOKS.parent))
+    stated = [timings.stated_seconds(p) for p in report_notebooks()]
+    assert sum(v is not None for v in stated) >= len(stated) - 2
+
+
+def test_format_seconds_carries_rounded_minutes():
+    from analysis.report_timings import format_seconds
+
+    assert format_seconds(659.7) == "11m00s"
+    assert format_seconds(125) == "2m05s"
+    assert format_seconds(42.3) == "42 s"

@@ -1,0 +1,329 @@
+"""Interruptions and races with real processes: a sweep killed with SIGKILL resumes where it
+stopped, two writers of one result folder (or one figure folder) leave one whole result, and a
+damaged result table is a one-line error."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from analysis import paths
+from analysis.engines.synthetic import synthetic_trace
+from analysis.traces import write_trace
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+BLOCKS = (200, 300, 400)
+
+# In the child: SIGKILL itself after the second point's second table is written (the worst
+# moment: a result folder half built). Only the moment is arranged; the kill is real.
+KILL_MID_WRITE = """
+import os, signal, sys
+import analysis.engines.result as result
+original, seen = result.write_parquet, []
+def write_then_die(path, frame):
+    original(path, frame)
+    seen.append(path.name)
+    if seen.count("requests.parquet") == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+result.write_parquet = write_then_die
+from analysis.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.fixture
+def lab(tmp_path) -> dict:
+    """A project root of its own (data/ under tmp_path; the model cache shared), a trace and a
+    grid of three replay points."""
+    cache = paths.cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "cache").symlink_to(cache)
+    trace = tmp_path / "data" / "traces" / "kill.parquet"
+    trace.parent.mkdir()
+    write_trace(trace, synthetic_trace(30, turns=(1, 3), seed=21))
+    grid = tmp_path / "grid.toml"
+    grid.write_text(
+        f"""
+[base]
+mode = "batch"
+max_model_len = 2048
+[[series]]
+name = "kill"
+traces = ["{trace}"]
+engines = ["replay"]
+block_sizes = [16]
+num_blocks = {list(BLOCKS)}
+"""
+    )
+    env = os.environ | {
+        "PYTHONPATH": str(SRC),
+        "PREFIX_CACHE_LAB_ROOT": str(tmp_path),
+        "PYTHONHASHSEED": "0",
+        "TOKENIZERS_PARALLELISM": "false",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "HF_HUB_OFFLINE": "1",
+    }
+    return {"root": tmp_path, "grid": grid, "env": env, "results": tmp_path / "data" / "results"}
+
+
+def sweep_argv(lab: dict) -> list[str]:
+    return ["sweep", "--grid", str(lab["grid"])]
+
+
+def point_folders(lab: dict) -> dict[int, Path]:
+    """The result folder of each number of blocks (the folder name carries n<blocks>)."""
+    found = {}
+    for folder in lab["results"].iterdir():
+        for blocks in BLOCKS:
+            if f"-n{blocks}-" in folder.name and not folder.name.startswith("."):
+                found[blocks] = folder
+    return found
+
+
+def complete(folder: Path) -> bool:
+    return (folder / "manifest.json").is_file()
+
+
+def resume_and_check(lab: dict, finished_before: dict[int, Path]) -> None:
+    stamps = {b: (f / "manifest.json").stat().st_mtime_ns for b, f in finished_before.items()}
+    again = subprocess.run(
+        [sys.executable, "-m", "analysis", *sweep_argv(lab)],
+        env=lab["env"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert again.returncode == 0, again.stderr[-2000:]
+    folders = point_folders(lab)
+    assert set(folders) == set(BLOCKS) and all(complete(f) for f in folders.values())
+    for blocks, stamp in stamps.items():  # finished points were not run again
+        assert (folders[blocks] / "manifest.json").stat().st_mtime_ns == stamp
+        assert f"-n{blocks}-" not in again.stdout
+    assert again.stdout.count("] kill-") == len(BLOCKS) - len(stamps)
+    leftovers = [p.name for p in lab["results"].iterdir() if p.name.startswith(".")]
+    assert all(name.endswith(".lock") for name in leftovers), leftovers
+    for folder in folders.values():  # every table of every point reads back whole
+        summary = json.loads((folder / "summary.json").read_text())
+        requests = pd.read_parquet(folder / "requests.parquet")
+        assert summary["requests_finished"] == (requests["status"] == "finished").sum() > 0
+
+
+@pytest.mark.engine
+def test_sweep_killed_mid_write_redoes_the_half_written_point_only(lab):
+    killed = subprocess.run(
+        [sys.executable, "-c", KILL_MID_WRITE, *sweep_argv(lab)],
+        env=lab["env"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    finished = {b: f for b, f in point_folders(lab).items() if complete(f)}
+    assert list(finished) == [BLOCKS[0]]
+    half = [p for p in lab["results"].iterdir() if ".partial-" in p.name]
+    assert len(half) == 1 and (half[0] / "requests.parquet").is_file()
+    assert not (half[0] / "manifest.json").exists()
+    resume_and_check(lab, finished)
+
+
+@pytest.mark.engine
+def test_sweep_killed_from_outside_between_points_resumes(lab):
+    process = subprocess.Popen(
+        [sys.executable, "-m", "analysis", *sweep_argv(lab)],
+        env=lab["env"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        first_line = process.stdout.readline()  # "[1/3] kill-...": point 1 is written
+        assert first_line.startswith("[1/3] kill-"), first_line
+        process.send_signal(signal.SIGKILL)  # point 2 is being computed or written
+        assert process.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    finished = {b: f for b, f in point_folders(lab).items() if complete(f)}
+    assert BLOCKS[0] in finished and len(finished) < len(BLOCKS)
+    resume_and_check(lab, finished)
+
+
+# ----------------------------------------------------------------------------- two writers
+
+WRITER = """
+import sys, time
+from pathlib import Path
+from analysis.engines import RunResult
+source, target, tag, start = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+result = RunResult.read(source)
+result.manifest["writer"] = result.summary["writer"] = result.counters["writer"] = tag
+result.requests["writer"] = tag
+while time.time() < start:
+    pass
+for _ in range(40):
+    result.write(target)
+"""
+
+
+@pytest.mark.engine
+def test_two_processes_writing_one_result_folder_leave_one_whole_result(tmp_path):
+    from analysis.engines import RunConfig, RunResult, run
+
+    config = RunConfig(
+        trace="synthetic", engine="replay", block_size=16, num_blocks=300, max_model_len=2048
+    )
+    source = run(synthetic_trace(6, seed=22), config, progress=False).write(tmp_path / "source")
+    target = tmp_path / "results" / "one-point"
+    start = time.time() + 3  # both processes past their imports, then write at once
+    env = os.environ | {"PYTHONPATH": str(SRC)}
+    writers = [
+        subprocess.Popen(
+            [sys.executable, "-c", WRITER, str(source), str(target), tag, str(start)],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for tag in ("A", "B")
+    ]
+    for writer in writers:
+        _, err = writer.communicate(timeout=300)
+        assert writer.returncode == 0, err[-2000:]  # neither writer fails
+    result = RunResult.read(target)
+    tags = {
+        result.manifest["writer"],
+        result.summary["writer"],
+        result.counters["writer"],
+        *result.requests["writer"],
+    }
+    assert tags in ({"A"}, {"B"})  # one writer's result, whole
+    leftovers = {p.name for p in target.parent.iterdir()} - {"one-point", ".one-point.lock"}
+    assert not leftovers  # no staging or set-aside folder left behind
+
+
+# Writer A pauses inside its swap (old folder moved aside, its own not yet in place) while
+# writer B writes: without turns, B puts its folder in the gap and A's rename then fails.
+PAUSED_WRITER = """
+import pathlib, sys, time
+from analysis.engines import RunResult
+source, target, tag, pause = sys.argv[1:5]
+original = pathlib.Path.rename
+def slow_rename(self, other):
+    if ".partial-" in self.name:
+        time.sleep(float(pause))
+    return original(self, other)
+pathlib.Path.rename = slow_rename
+result = RunResult.read(pathlib.Path(source))
+result.manifest["writer"] = tag
+result.write(pathlib.Path(target))
+"""
+
+
+@pytest.mark.engine
+def test_a_writer_paused_mid_swap_does_not_break_another(tmp_path):
+    from analysis.engines import RunConfig, RunResult, run
+
+    config = RunConfig(
+        trace="synthetic", engine="replay", block_size=16, num_blocks=300, max_model_len=2048
+    )
+    source = run(synthetic_trace(6, seed=24), config, progress=False).write(tmp_path / "source")
+    target = tmp_path / "results" / "one-point"
+    RunResult.read(source).write(target)  # an earlier result: both writers replace it
+    env = os.environ | {"PYTHONPATH": str(SRC)}
+    slow = subprocess.Popen(
+        [sys.executable, "-c", PAUSED_WRITER, str(source), str(target), "A", "8"],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 120
+    while target.exists() and time.time() < deadline:  # A has moved the old folder aside
+        time.sleep(0.05)
+    assert not target.exists()
+    fast = subprocess.run(
+        [sys.executable, "-c", PAUSED_WRITER, str(source), str(target), "B", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    _, slow_err = slow.communicate(timeout=300)
+    assert slow.returncode == 0, slow_err[-2000:]
+    assert fast.returncode == 0, fast.stderr[-2000:]
+    assert RunResult.read(target).manifest["writer"] == "B"  # B waited its turn, then won
+
+
+FIGURES = """
+import sys
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from analysis import plots
+folder, tag = sys.argv[1], sys.argv[2]
+for number in range(12):
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, number])
+    ax.set_title(f"{tag}{number}")
+    plots.save_figure(fig, f"{tag}-{number}", f"figure {tag} {number}", folder=folder)
+    plt.close(fig)
+"""
+
+
+def test_two_processes_saving_figures_into_one_folder_lose_no_caption(tmp_path):
+    env = os.environ | {"PYTHONPATH": str(SRC)}
+    savers = [
+        subprocess.Popen(
+            [sys.executable, "-c", FIGURES, str(tmp_path), tag],
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for tag in ("a", "b")
+    ]
+    for saver in savers:
+        _, err = saver.communicate(timeout=300)
+        assert saver.returncode == 0, err[-2000:]
+    readme = (tmp_path / "README.md").read_text()
+    for tag in ("a", "b"):
+        for number in range(12):
+            assert f"| [{tag}-{number}]({tag}-{number}.png) | figure {tag} {number} |" in readme
+            assert (tmp_path / f"{tag}-{number}.png").stat().st_size > 0
+
+
+# ----------------------------------------------------------------------------- damaged results
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize(
+    ("part", "damage"),
+    [
+        ("admissions.parquet", lambda data: data[: len(data) // 2]),
+        ("block_events.parquet", lambda data: b"PAR1" + b"\0" * 64 + b"PAR1"),
+        ("requests.parquet", lambda data: b""),
+        ("summary.json", lambda data: data[:-5]),
+        ("manifest.json", lambda data: b'{"no": "config"}'),
+    ],
+)
+def test_a_damaged_result_is_a_one_line_error_naming_the_file(tmp_path, part, damage):
+    from analysis.engines import RunConfig, RunResult, run
+    from analysis.errors import ResultError
+
+    config = RunConfig(
+        trace="synthetic", engine="replay", block_size=16, num_blocks=300, max_model_len=2048
+    )
+    folder = run(synthetic_trace(4, seed=23), config, progress=False).write(tmp_path / "r")
+    path = folder / part
+    path.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(ResultError) as caught:
+        RunResult.read(folder)
+    message = str(caught.value)
+    assert message.startswith(str(path)) and "--force" in message and "\n" not in message
