@@ -16,13 +16,13 @@ NUM_CAPACITIES = 10
 SLICE_REQUESTS = 2000  # requests the plain-Python kernels are timed on
 
 
-def main() -> None:
+def main() -> dict[str, float]:
     from analysis.paths import traces_dir
 
-    run(traces_dir())
+    return run(traces_dir())
 
 
-def run(folder: Path) -> None:
+def run(folder: Path) -> dict[str, float]:
     """Bench the traces in `folder` (multi_turn.parquet, and single_turn.parquet if there)."""
     from analysis import bounds
     from analysis.traces import load_trace
@@ -30,7 +30,7 @@ def run(folder: Path) -> None:
     path = Path(folder) / "multi_turn.parquet"
     if not path.is_file():
         print(f"skipped: {path} is missing (build it with `make traces`)")
-        return
+        return {}
     clock = Clock()
     trace = load_trace(path)
     clock.lap("read trace")
@@ -87,7 +87,12 @@ def run(folder: Path) -> None:
     print(
         f"ratio vllm pool per capacity / MIN per capacity: {vllm_s / (opt_s / len(capacities)):.1f}"
     )
-    time_plain_python(trace.head(SLICE_REQUESTS))
+    plain = time_plain_python(trace.head(SLICE_REQUESTS))
+    return {
+        "MIN per capacity / LRU all": opt_s / len(capacities) / lru_s,
+        "vllm pool / MIN per capacity": vllm_s / (opt_s / len(capacities)),
+        "plain Python / compiled LRU": plain,
+    }
 
 
 class Clock:
@@ -114,7 +119,7 @@ def warm_up_kernels() -> None:
     bounds.capacity_curves(index, 2, [1], ["lru", "opt"], progress=False)
 
 
-def time_plain_python(head) -> None:
+def time_plain_python(head) -> float:
     """The same kernels, compiled and as plain Python, on the first requests of the trace."""
     from analysis import bounds
 
@@ -134,6 +139,7 @@ def time_plain_python(head) -> None:
         f"{timings['compiled'] * 1e3:.1f} ms, plain Python {timings['plain Python'] * 1e3:.0f} "
         f"ms, ratio {timings['plain Python'] / timings['compiled']:.0f}"
     )
+    return timings["plain Python"] / timings["compiled"]
 
 
 if __name__ == "__main__":

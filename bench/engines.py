@@ -53,7 +53,7 @@ def _throughput(result) -> tuple[float, float, float]:
     return seconds, requests / seconds, tokens / seconds
 
 
-def compare_on_sample(frame) -> None:
+def compare_on_sample(frame) -> dict[str, float]:
     from analysis.engines import RunConfig, run
 
     config = RunConfig(
@@ -97,6 +97,7 @@ def compare_on_sample(frame) -> None:
         f"  replay / vllm: {rows[1][0] / rows[0][0]:.1f}x requests/s, "
         f"{rows[1][1] / rows[0][1]:.1f}x tokens/s"
     )
+    return {"replay / vllm requests/s (sample)": rows[1][0] / rows[0][0]}
 
 
 def _whole_trace_run(frame, hot_path: bool):
@@ -144,7 +145,7 @@ def _folder_sizes(result) -> tuple[int, int]:
         return written, events.stat().st_size
 
 
-def whole_trace(frame, source: str) -> None:
+def whole_trace(frame, source: str) -> dict[str, float]:
     old, old_wall, old_cpu = _whole_trace_run(frame, hot_path=False)
     result, wall, cpu = _whole_trace_run(frame, hot_path=True)
     s = result.summary
@@ -176,12 +177,12 @@ def whole_trace(frame, source: str) -> None:
         f"  result folder: {written / 1e6:.1f} MB with block events as aggregates "
         f"({len(result.block_events):,} events would add {events / 1e6:.0f} MB in full)"
     )
+    return {"replay hot path off / on, wall": old_wall / wall}
 
 
-def main() -> None:
+def main() -> dict[str, float]:
     frame, source = _trace()
-    compare_on_sample(frame)
-    whole_trace(frame, source)
+    return compare_on_sample(frame) | whole_trace(frame, source)
 
 
 if __name__ == "__main__":

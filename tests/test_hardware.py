@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,24 @@ def test_dtype_by_capability(capability: str, flags: tuple[str, ...], expected: 
     choice = choose_dtype(None, fake(capability, flags))
     assert choice.dtype == expected
     assert capability in choice.reason
+
+
+@pytest.mark.parametrize(
+    ("isa", "expected"),
+    [
+        (None, "bfloat16"),
+        ("AVX2", "float32"),
+        ("avx512_core", "float32"),
+        ("AVX10_1_512_AMX", "bfloat16"),
+    ],
+)
+def test_onednn_capped_below_bf16_means_float32(isa: str | None, expected: str) -> None:
+    """oneDNN runs the bf16 matmuls: capped below bf16 it is slow whatever torch dispatches."""
+    facts = replace(fake("AVX512", ("avx512_bf16", "amx_bf16")), onednn_max_cpu_isa=isa)
+    choice = choose_dtype(None, facts)
+    assert choice.dtype == expected
+    if expected == "float32":
+        assert f"ONEDNN_MAX_CPU_ISA={isa}" in choice.reason
 
 
 def test_a_bf16_gpu_gets_bf16_whatever_the_host_cpu() -> None:

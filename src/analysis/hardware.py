@@ -20,6 +20,17 @@ DTYPE_ENV = "PREFIX_CACHE_LAB_DTYPE"
 # torch's capability names that have 512-bit vectors (the ones with bf16 instructions).
 AVX512_OR_BETTER = ("AVX512", "AVX512_BF16", "AVX512_VNNI", "AMX")
 BF16_FLAGS = ("avx512_bf16", "amx_bf16")
+# oneDNN runs torch's bf16 matmuls: capped at one of these ISAs (ONEDNN_MAX_CPU_ISA) it has no
+# bf16 instructions, and a bf16 matmul ran at 0.3 GFLOP/s while torch still said AVX512.
+ONEDNN_ISAS_WITHOUT_BF16 = (
+    "SSE41",
+    "AVX",
+    "AVX2",
+    "AVX2_VNNI",
+    "AVX2_VNNI_2",
+    "AVX512_CORE",
+    "AVX512_CORE_VNNI",
+)
 
 
 @dataclass(frozen=True)
@@ -33,12 +44,21 @@ class Machine:
     cuda: bool
     cuda_device: str | None = None
     cuda_bf16: bool = False  # the GPU computes bf16 (Ampere or newer)
+    onednn_max_cpu_isa: str | None = None  # $ONEDNN_MAX_CPU_ISA, when set
+
+    @property
+    def onednn_bf16(self) -> bool:
+        """oneDNN (torch's bf16 matmuls) is not capped below the bf16 instructions."""
+        return (self.onednn_max_cpu_isa or "ALL").upper() not in ONEDNN_ISAS_WITHOUT_BF16
 
     @property
     def native_bf16(self) -> bool:
-        """AVX-512 (as torch dispatches) and bf16 instructions (AVX512-BF16 or AMX)."""
-        return self.cpu_capability.upper() in AVX512_OR_BETTER and any(
-            flag in self.cpu_flags for flag in BF16_FLAGS
+        """AVX-512 (as torch dispatches), bf16 instructions (AVX512-BF16 or AMX), and oneDNN
+        allowed to use them."""
+        return (
+            self.cpu_capability.upper() in AVX512_OR_BETTER
+            and any(flag in self.cpu_flags for flag in BF16_FLAGS)
+            and self.onednn_bf16
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -87,6 +107,8 @@ def _probe() -> Machine:
         cuda=cuda,
         cuda_device=torch.cuda.get_device_name(0) if cuda else None,
         cuda_bf16=bool(cuda and torch.cuda.is_bf16_supported()),
+        onednn_max_cpu_isa=os.environ.get("ONEDNN_MAX_CPU_ISA")
+        or os.environ.get("DNNL_MAX_CPU_ISA"),
     )
 
 
@@ -121,8 +143,10 @@ def choose_dtype(explicit: str | None = None, facts: Machine | None = None) -> D
     if facts.native_bf16:
         flags = "+".join(facts.cpu_flags)
         return DtypeChoice("bfloat16", f"CPU has native bf16 ({facts.cpu_capability}, {flags})")
+    capped = "" if facts.onednn_bf16 else f", ONEDNN_MAX_CPU_ISA={facts.onednn_max_cpu_isa}"
     return DtypeChoice(
         "float32",
         f"CPU has no native bf16 (torch capability {facts.cpu_capability}, "
-        f"bf16 flags: {'+'.join(facts.cpu_flags) or 'none'}): bf16 would be emulated, ~100x slower",
+        f"bf16 flags: {'+'.join(facts.cpu_flags) or 'none'}{capped}): bf16 would be emulated, "
+        "~100x slower",
     )
