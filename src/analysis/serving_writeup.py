@@ -37,6 +37,11 @@ class Interval:
         return self.high < other.low
 
 
+def on_off(cells: dict, prefix: Any, concurrency: Any) -> tuple[Any, Any]:
+    """A cell's caching-on and caching-off values (None where not measured)."""
+    return cells.get(("cache", prefix, concurrency)), cells.get(("no_cache", prefix, concurrency))
+
+
 def _cell(table: pd.DataFrame, mode: str, **where: Any) -> pd.Series | None:
     rows = table[table["mode"] == mode]
     for column, value in where.items():
@@ -156,30 +161,21 @@ def decision_markdown(facts: Facts) -> str:
     lines = ["### When to enable prefix caching", ""]
     for prefix in sorted(p for p in s.prefixes if p > 0):
         for c in (low_c, high_c):
-            on, off = facts.ttft.get(("cache", prefix, c)), facts.ttft.get(("no_cache", prefix, c))
+            on, off = on_off(facts.ttft, prefix, c)
             if on is None or off is None:
                 continue
             lines.append(
                 f"- {prefix}-token shared prefix, {c} client(s): mean TTFT {on.text()} on vs "
                 f"{off.text()} off (saving {_saving(on, off)}; {_verdict_lower(on, off)})."
             )
-    on_r, off_r = (
-        facts.req_s.get(("cache", longest, high_c)),
-        facts.req_s.get(("no_cache", longest, high_c)),
-    )
+    on_r, off_r = on_off(facts.req_s, longest, high_c)
     if on_r and off_r:
         lines.append(
             f"- Throughput at {high_c} clients, {longest}-token prefix: {on_r.text('req/s', 2)} "
             f"on vs {off_r.text('req/s', 2)} off."
         )
-    on_t, off_t = (
-        facts.tpot.get(("cache", longest, low_c)),
-        facts.tpot.get(("no_cache", longest, low_c)),
-    )
-    on_th, off_th = (
-        facts.tpot.get(("cache", longest, high_c)),
-        facts.tpot.get(("no_cache", longest, high_c)),
-    )
+    on_t, off_t = on_off(facts.tpot, longest, low_c)
+    on_th, off_th = on_off(facts.tpot, longest, high_c)
     if on_t and off_t and on_th and off_th:
         lines.append(
             f"- TPOT at {longest} tokens: {on_t.text()} on vs {off_t.text()} off with "
@@ -243,10 +239,7 @@ def decision_markdown(facts: Facts) -> str:
         "the caching-off TTFT. Small models on a fast GPU hide the saving behind fixed costs."
     )
     lines += ["", "### One sentence for a PM or SRE", ""]
-    on, off = (
-        facts.ttft.get(("cache", longest, high_c)),
-        facts.ttft.get(("no_cache", longest, high_c)),
-    )
+    on, off = on_off(facts.ttft, longest, high_c)
     saving = _saving(on, off) if on and off else "most of the"
     lines.append(
         f"Prefix caching lets the server compute a long shared prompt once and reuse it, which "
@@ -262,10 +255,7 @@ def _smallest_clear_prefix(facts: Facts) -> str:
     every concurrency measured."""
     s = facts.study
     for prefix in sorted(p for p in s.prefixes if p > 0):
-        pairs = [
-            (facts.ttft.get(("cache", prefix, c)), facts.ttft.get(("no_cache", prefix, c)))
-            for c in s.concurrency
-        ]
+        pairs = [on_off(facts.ttft, prefix, c) for c in s.concurrency]
         if all(on and off and on.below(off) for on, off in pairs):
             return str(prefix)
     return f"more than {max(s.prefixes)}"
@@ -281,24 +271,15 @@ def claims_table(facts: Facts) -> pd.DataFrame:
     def add(claim: str, value: str, verdict: str) -> None:
         rows.append({"claim": claim, "measured": value, "verdict": verdict})
 
-    on, off = (
-        facts.ttft.get(("cache", longest, low_c)),
-        facts.ttft.get(("no_cache", longest, low_c)),
-    )
+    on, off = on_off(facts.ttft, longest, low_c)
     if on and off:
         add(
             "003: TTFT drops on cache hits, more with a longer prefix",
             f"P={longest}, c={low_c}: {on.text()} vs {off.text()}",
             "reproduced" if on.below(off) else "not shown",
         )
-    on_t, off_t = (
-        facts.tpot.get(("cache", longest, low_c)),
-        facts.tpot.get(("no_cache", longest, low_c)),
-    )
-    on_th, off_th = (
-        facts.tpot.get(("cache", longest, high_c)),
-        facts.tpot.get(("no_cache", longest, high_c)),
-    )
+    on_t, off_t = on_off(facts.tpot, longest, low_c)
+    on_th, off_th = on_off(facts.tpot, longest, high_c)
     if on_t and off_t and on_th and off_th:
         alone = "holds" if not (on_t.below(off_t) or off_t.below(on_t)) else "differs"
         loaded = "caching cuts TPOT" if on_th.below(off_th) else "no difference"
@@ -309,10 +290,7 @@ def claims_table(facts: Facts) -> pd.DataFrame:
             f"alone: {alone}; under load: {loaded} (queued prefills)",
         )
     short = min(p for p in s.prefixes if p > 0)
-    on_s, off_s = (
-        facts.ttft.get(("cache", short, low_c)),
-        facts.ttft.get(("no_cache", short, low_c)),
-    )
+    on_s, off_s = on_off(facts.ttft, short, low_c)
     if on_s and off_s:
         add(
             "003: prefixes <= 256 tokens: savings lost in noise",
