@@ -84,7 +84,7 @@ RUNS := reports/runs/$(GRID)
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
 .PHONY: sweep
-sweep: traces ## run configs/GRID.toml point by point through notebook 03 (GRID=default; make -j works)
+sweep: traces ## run GRID's points each through notebook 03 (copies in reports/runs/; make -j works)
 	@$(MAKE) --no-print-directory sweep-points \
 	  POINTS="$$($(PY) -m analysis sweep --grid $(GRID) --list)"
 
@@ -103,13 +103,12 @@ sweep-inline: traces ## run every unfinished point of GRID here (EXECUTOR=ray: o
 	$(PY) -m analysis sweep --grid $(GRID) --executor $(EXECUTOR)
 
 .PHONY: report
-report: setup ## build traces, run the sweep, re-execute every notebook; figures + HTML report
-	@$(PY) -m analysis report --begin
+report: ## set up if needed, build traces, run the sweep, re-execute every notebook; figures + HTML
+	@start=$$(date +%s); $(MAKE) --no-print-directory setup; \
+	  $(PY) -m analysis report --begin --setup-seconds $$(( $$(date +%s) - start ))
 	@$(PY) -m analysis report --stage traces --run '$(MAKE) --no-print-directory traces'
 	@$(PY) -m analysis report --estimate --grid $(GRID)
-	@$(PY) -m analysis report --stage 'inline sweep' --run '$(MAKE) --no-print-directory sweep-inline'
-	@$(PY) -m analysis report --stage 'per-point notebook runs' \
-	  --run '$(MAKE) --no-print-directory -j$(JOBS) sweep'
+	@$(PY) -m analysis report --stage 'sweep' --run '$(MAKE) --no-print-directory sweep-inline'
 	$(PY) -m analysis report
 
 .PHONY: FORCE

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -51,3 +52,25 @@ def test_progress_noise_is_found_in_stderr_outputs(tmp_path: Path) -> None:
         "sweep points: 0point [00:00]",
         "TqdmWarning: IProgress not found",
     ]
+
+
+def test_vllm_start_up_warnings_go_to_the_log_file_not_stderr(tmp_path: Path) -> None:
+    """A real vLLM config build at block 16 on the CPU warns that the CPU backend prefers
+    multiples of 32: that line must land in vLLM's log file, and stderr must stay clean."""
+    code = (
+        "from analysis.engine_logs import log_path\n"
+        "from analysis.engines.config import RunConfig\n"
+        "from analysis.engines.replay import build_replay_engine\n"
+        "from analysis.engines.vllm_args import resolve_model\n"
+        "config = RunConfig(engine='replay', block_size=16, num_blocks=600, max_model_len=8192)\n"
+        "build_replay_engine(config, resolve_model(config))\n"
+        "print(log_path())\n"
+    )
+    env = {**os.environ, "VLLM_CONFIGURE_LOGGING": "0"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    log = Path(out.stdout.strip().splitlines()[-1]).read_text(encoding="utf-8")
+    assert "prefers block_size is multiples of 32" in log
+    assert "block_size" not in out.stderr, out.stderr
+    assert "WARNING" not in out.stderr and "Warning" not in out.stderr, out.stderr

@@ -149,8 +149,21 @@ def folder_dtype(model: str | Path) -> str | None:
 
 
 def vllm_dtype(model: str | Path) -> str:
-    """The `dtype` to give vLLM for a model: a local folder's own (vLLM's "auto" would turn a
-    float32 checkpoint into bf16, the slow path on a CPU without bf16), else "auto"."""
+    """The `dtype` to give vLLM for a model.
+
+    Where the engine's device computes no bf16 (an AVX2 CPU), float32 for every model: vLLM
+    would run a bf16 checkpoint (or "auto") in bf16 there, emulated and ~100x slower, and
+    vLLM's CPU attention kernels stop the process (SIGILL) on it. Random weights (a registered
+    shape) take the machine's choice (`analysis.hardware.choose_dtype`). Otherwise a local
+    folder's own dtype (vLLM's "auto" would turn a float32 checkpoint into bf16), else "auto".
+    """
+    from analysis.hardware import choose_dtype, machine
+    from analysis.model_shapes import load_format
+
+    facts = machine()
+    chosen = choose_dtype(facts=facts).dtype
+    if load_format(str(model)) is not None or (chosen == "float32" and not facts.cuda):
+        return chosen
     return folder_dtype(model) or "auto"
 
 

@@ -1321,6 +1321,7 @@ def _engine(config: PrefixSweepConfig, model: str, mode: str) -> Any:
         enforce_eager=config.enforce_eager,
         seed=config.seed,
         dtype=models.vllm_dtype(model),
+        use_tqdm_on_load=False,
         **kwargs,
     )
 

@@ -2,7 +2,7 @@
 
 Each notebook and the HTML export are timed; at the end the per-stage table (with the stages
 `make report` ran before, see `analysis.report_timings`) is printed and kept in
-`reports/timings.json`. `--begin`, `--stage NAME --run CMD` and `--estimate` are the steps the
+`reports/timings.json`. `--begin [--setup-seconds S]`, `--stage NAME --run CMD` and `--estimate` are the steps the
 Makefile uses to time and announce its own stages.
 """
 
@@ -23,6 +23,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--begin", action="store_true", help="start a new reports/timings.json and stop"
     )
     parser.add_argument(
+        "--setup-seconds",
+        type=float,
+        default=None,
+        help="with --begin: the environment set-up time measured before it, recorded as a stage",
+    )
+    parser.add_argument(
         "--estimate", action="store_true", help="print what the report should take and stop"
     )
     parser.add_argument("--grid", default="default", help="sweep grid counted by --estimate")
@@ -38,6 +44,8 @@ def main(args: argparse.Namespace) -> int:
 
     if args.begin:
         timings.begin()
+        if args.setup_seconds is not None:
+            timings.record("environment set-up", args.setup_seconds)
         return 0
     if (args.stage is None) != (args.run is None):
         raise UsageError("--stage and --run go together: --stage NAME --run 'COMMAND'")

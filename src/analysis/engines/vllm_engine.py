@@ -65,7 +65,8 @@ def build_engine(config: RunConfig, forced: bool) -> tuple[Any, str, dict[str, A
     model = resolve_model(config)
     kwargs = engine_kwargs(config, model)
     if config.device == "cpu":
-        per_block = kv_bytes_per_block(model, config.block_size, config.dtype)
+        dtype = kwargs["dtype"] if kwargs["dtype"] != "auto" else None  # what vLLM runs in
+        per_block = kv_bytes_per_block(model, config.block_size, dtype)
         if per_block is not None:
             kwargs["kv_cache_memory_bytes"] = per_block * config.num_blocks
         else:
