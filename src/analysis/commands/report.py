@@ -2,8 +2,8 @@
 
 Each notebook and the HTML export are timed; at the end the per-stage table (with the stages
 `make report` ran before, see `analysis.report_timings`) is printed and kept in
-`reports/timings.json`. `--begin [--setup-seconds S]`, `--stage NAME --run CMD` and `--estimate` are the steps the
-Makefile uses to time and announce its own stages.
+`reports/timings.json`. `--begin [--setup-seconds S]`, `--stage NAME --run CMD` and
+`--estimate` are the steps the Makefile uses to time and announce its own stages.
 """
 
 from __future__ import annotations
