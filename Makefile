@@ -60,13 +60,13 @@ lint: setup ## ruff over the package, tests and notebooks
 .PHONY: test
 test: setup $(VENV)/.installed-extra-ray ## ruff + pytest (real vLLM and Ray included) + nbval
 	$(MAKE) --no-print-directory lint
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest --durations=15
 	$(MAKE) --no-print-directory nbval
 
 .PHONY: nbval
 nbval: setup ## re-execute the committed notebooks and compare their outputs
 	$(VENV)/bin/pytest --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg \
-	  --nbval-cell-timeout 1200 -p no:cacheprovider notebooks
+	  --nbval-cell-timeout 1200 -p no:cacheprovider --durations=15 notebooks
 
 # A GPU machine set up with `make setup VARIANT=gpu` keeps its CUDA environment here.
 GPU_CHECK_STAMP := $(if $(wildcard $(VENV)/.installed-gpu),$(VENV)/.installed-gpu,$(STAMP))
@@ -99,8 +99,8 @@ $(RUNS)/%.ipynb:
 EXECUTOR ?= local
 
 .PHONY: sweep-inline
-sweep-inline: traces ## run every unfinished point of GRID here (EXECUTOR=ray: one Ray task each)
-	$(PY) -m analysis sweep --grid $(GRID) --executor $(EXECUTOR)
+sweep-inline: traces ## run GRID's unfinished points in JOBS processes (EXECUTOR=ray: Ray tasks)
+	$(PY) -m analysis sweep --grid $(GRID) --executor $(EXECUTOR) --workers $(JOBS)
 
 .PHONY: report
 report: ## set up if needed, build traces, run the sweep, re-execute every notebook; figures + HTML

@@ -1,6 +1,7 @@
-"""Sweep executors: `local` and `ray` (a real local Ray instance with 2 CPUs) give the same
-result tables; a killed Ray worker's point is run again with the same result; an interrupted
-sweep resumes with the points it had not finished; `--executor ray` without Ray is one line."""
+"""Sweep executors: `local` (in this process, or in 2 spawned processes) and `ray` (a real
+local Ray instance with 2 CPUs) give the same result tables; a killed Ray worker's point is
+run again with the same result; an interrupted sweep resumes with the points it had not
+finished; `--executor ray` without Ray is one line."""
 
 from __future__ import annotations
 
@@ -82,6 +83,14 @@ def same_tables(folder_a: Path, folder_b: Path) -> None:
     assert sorted(p.name for p in folder_a.iterdir()) == sorted(p.name for p in folder_b.iterdir())
 
 
+def test_local_processes_give_the_same_tables_as_one_process(grid, local_results, tmp_path):
+    points = sweep.grid_points(grid)
+    run = executors.run_points(points, "local", workers=2, results=tmp_path, progress=False)
+    assert len(run.ran) == 4 and run.workers == 2
+    for point in points:
+        same_tables(sweep.result_folder(point, local_results), sweep.result_folder(point, tmp_path))
+
+
 def test_local_and_ray_give_identical_tables(grid, local_results, ray_instance, tmp_path):
     points = sweep.grid_points(grid)
     assert len(points) == 4
@@ -143,20 +152,24 @@ class Interrupt(KeyboardInterrupt):
     """Ctrl-C after the first finished point."""
 
 
-@pytest.mark.parametrize("executor", ["local", "ray"])
-def test_interrupted_sweep_resumes_with_the_rest(grid, ray_instance, tmp_path, executor):
+@pytest.mark.parametrize(("executor", "workers"), [("local", 1), ("local", 2), ("ray", None)])
+def test_interrupted_sweep_resumes_with_the_rest(grid, ray_instance, tmp_path, executor, workers):
     points = sweep.grid_points(grid)
 
     def stop(point) -> None:
         raise Interrupt
 
     with pytest.raises(Interrupt):
-        executors.run_points(points, executor, results=tmp_path, progress=False, on_done=stop)
+        executors.run_points(
+            points, executor, workers=workers, results=tmp_path, progress=False, on_done=stop
+        )
     finished = [p for p in points if sweep.is_done(p, sweep.result_folder(p, tmp_path))]
     assert len(finished) == 1
     manifest = sweep.result_folder(finished[0], tmp_path) / "manifest.json"
     written = manifest.stat().st_mtime_ns
-    resumed = executors.run_points(points, executor, results=tmp_path, progress=False)
+    resumed = executors.run_points(
+        points, executor, workers=workers, results=tmp_path, progress=False
+    )
     assert [p.point_id for p in resumed.skipped] == [finished[0].point_id]
     assert len(resumed.ran) == 3
     assert manifest.stat().st_mtime_ns == written

@@ -147,15 +147,25 @@ def test_folder_of_another_dtype_is_rebuilt(
 
 
 def test_vllm_is_told_the_folder_dtype(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """vLLM's dtype="auto" turns a float32 checkpoint into bf16: the folder's dtype is passed."""
+    """vLLM's dtype="auto" turns a float32 checkpoint into bf16: the folder's dtype is passed;
+    where the CPU has no native bf16, every model runs in float32."""
+    from analysis import hardware, model_shapes
     from analysis.engines.vllm_args import engine_kwargs
     from analysis.models import ensure_random_llama
 
     monkeypatch.setenv("PREFIX_CACHE_LAB_ROOT", str(tmp_path))
     folder = str(ensure_random_llama(dtype="float32"))
-    assert engine_kwargs(RunConfig(), folder)["dtype"] == "float32"
-    assert engine_kwargs(RunConfig(dtype="bfloat16"), folder)["dtype"] == "bfloat16"
-    assert engine_kwargs(RunConfig(model="org/name"), "org/name")["dtype"] == "auto"
+    shape = str(model_shapes.materialise("llama-3.2-1b"))  # its config.json says bfloat16
+    for facts, hub, random_shape in (
+        (fake("AVX512", ("amx_bf16",)), "auto", "bfloat16"),
+        # no native bf16: vLLM's CPU kernels would stop (SIGILL) on bf16, so float32 throughout
+        (fake("AVX2", ()), "float32", "float32"),
+    ):
+        monkeypatch.setattr(hardware, "_MACHINE", facts)
+        assert engine_kwargs(RunConfig(), folder)["dtype"] == "float32"
+        assert engine_kwargs(RunConfig(dtype="bfloat16"), folder)["dtype"] == "bfloat16"
+        assert engine_kwargs(RunConfig(model="org/name"), "org/name")["dtype"] == hub
+        assert engine_kwargs(RunConfig(model="llama-3.2-1b"), shape)["dtype"] == random_shape
 
 
 @pytest.mark.engine

@@ -3,8 +3,9 @@
 Both run exactly the points whose result is not complete (unless forced), show one progress
 bar for the whole sweep, and write each result folder atomically, from this process only:
 
-- `local`: one point after the other, in this process (today's `sweep`; `make -j` runs
-  points in parallel as separate processes).
+- `local`: one point after the other, in this process; with `workers` N > 1, N processes of
+  this machine (spawned, so that each starts vLLM clean) run the points, longest first (the
+  real-engine points), and hand each result back to this process to write.
 - `ray`: one Ray task per point on the cluster at `RAY_ADDRESS`, or on a Ray instance started
   here (`workers` CPUs; stopped at the end). A replay point asks for one CPU, a real-engine
   GPU point for one GPU. A task whose worker dies (killed, out of memory, node lost) is run
@@ -62,9 +63,10 @@ def run_points(
     """Run every point of `points` whose result is missing (all of them with `force`), each
     result folder once (points of several series may share one).
 
-    `workers`: CPUs of the Ray instance started here (default: all); ignored with an
-    existing cluster (`RAY_ADDRESS`) and by `local`. `results`: the folder of result folders
-    (default data/results). `on_done(point)` is called after each point's result is written."""
+    `workers`: `local`'s processes (default: 1, this process), or the CPUs of the Ray instance
+    started here (default: all; ignored with an existing cluster, `RAY_ADDRESS`). `results`:
+    the folder of result folders (default data/results). `on_done(point)` is called after
+    each point's result is written."""
     from analysis.progress import bar as tqdm
 
     if executor not in EXECUTORS:
@@ -101,7 +103,9 @@ def run_points(
 
     started = time.perf_counter()
     try:
-        if executor == "local":
+        if executor == "local" and (workers or 1) > 1 and len(todo) > 1:
+            _run_in_processes(todo, workers, folder, finished)
+        elif executor == "local":
             from analysis.engines import run_and_write
 
             for point in todo:
@@ -136,6 +140,41 @@ def compute_point(config: dict[str, Any]) -> Any:
 
     result = run(None, RunConfig.from_dict(config), progress=False)
     return result.without_block_events()
+
+
+def _longest_first(points: list[Point]) -> list[Point]:
+    """Real-engine points (an engine start and a model each) before replay points."""
+    return sorted(points, key=lambda p: p.config.engine != "vllm")
+
+
+def _run_in_processes(
+    todo: list[Point],
+    workers: int,
+    folder: Callable[[Point], Path],
+    finished: Callable[[Point], None],
+) -> None:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
+
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(min(workers, len(todo)), mp_context=context) as pool:
+        futures = {pool.submit(compute_point, p.config.to_dict()): p for p in _longest_first(todo)}
+        try:
+            for future in as_completed(futures):
+                point = futures[future]
+                try:
+                    result = future.result()
+                except BrokenProcessPool as exc:
+                    raise ExecutorError(
+                        f"a sweep worker process died (killed, or out of memory) while "
+                        f"{point.point_id} or another point ran; run the sweep again to resume"
+                    ) from exc
+                _write(folder(point), point, result)
+                finished(point)
+        finally:
+            for future in futures:  # interrupted or failed: drop what has not started
+                future.cancel()
 
 
 def _run_on_ray(
@@ -216,7 +255,7 @@ def _write(folder: Path, point: Point, result: Any) -> None:
     """Write a point's result here, the one writer of its folder (atomically, manifest last)."""
     if result.config_id != folder.name:
         raise ExecutorError(
-            f"point {point.point_id}: the Ray worker's trace differs from this machine's "
+            f"point {point.point_id}: the worker's trace differs from this process's "
             f"({result.config_id} != {folder.name}); give every node the same data/traces"
         )
     result.write(folder)

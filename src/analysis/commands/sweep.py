@@ -9,7 +9,8 @@
 executed with the point's parameters, into reports/runs/<grid>/<point>.ipynb. A point whose
 result is complete is not computed again unless --force; its notebook only shows it.
 
-Executors (`analysis.executors`): `local` runs the points here, one after the other; `ray`
+Executors (`analysis.executors`): `local` runs the points here, one after the other (with
+--workers N, in N processes of this machine, e.g. `--workers $(nproc)`); `ray`
 runs one task per point on the Ray cluster at RAY_ADDRESS, or on a Ray instance started
 here with --workers CPUs. Either way an interrupted sweep resumes where it stopped.
 """
@@ -33,7 +34,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="local: here, point by point; ray: one Ray task per point (RAY_ADDRESS or local)",
     )
     parser.add_argument(
-        "--workers", type=int, help="with --executor ray and no RAY_ADDRESS: CPUs of the instance"
+        "--workers",
+        type=int,
+        help="local: processes (default 1); ray without RAY_ADDRESS: CPUs of the instance",
     )
 
 
