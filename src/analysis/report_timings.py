@@ -18,7 +18,9 @@ from analysis.paths import reports_dir
 
 TIMINGS_FILE = "timings.json"
 # "About 5 min", "About 20-40 s", "Under a minute", "Seconds to a minute": the upper bound.
-_STATED = re.compile(r"(\d+)(?:\s*-\s*(\d+))?\s*(s\b|sec|min)", re.IGNORECASE)
+_STATED = re.compile(
+    r"(\d+(?:\.\d+)?)(?:\s*-\s*(\d+(?:\.\d+)?))?\s*(s\b|sec|min)", re.IGNORECASE
+)
 
 
 def timings_path() -> Path:
@@ -131,6 +133,13 @@ def stated_seconds(notebook: Path) -> float | None:
     if "a minute" in line.lower():
         return 60.0
     return None
+
+
+def overrun(seconds: float, stated: float | None) -> str | None:
+    """A note when a notebook took clearly longer than its first cell says (None otherwise)."""
+    if stated is None or seconds <= 1.5 * stated + 10:
+        return None
+    return f"longer than the {format_seconds(stated)} its first cell states"
 
 
 def estimate(notebooks: list[Path], pending_points: dict[str, int] | None) -> str:

@@ -63,7 +63,12 @@ def main(args: argparse.Namespace) -> int:
         print(f"executing {notebook.name} ...", flush=True)
         done = execute(notebook, progress=interactive())
         timings.record(f"notebook {notebook.stem}", done.seconds)
-        print(f"  {notebook.name}: {timings.format_seconds(done.seconds)}", flush=True)
+        note = timings.overrun(done.seconds, timings.stated_seconds(notebook))
+        print(
+            f"  {notebook.name}: {timings.format_seconds(done.seconds)}"
+            + (f" ({note})" if note else ""),
+            flush=True,
+        )
         for noise in progress_noise(notebook):
             print(f"  progress-bar noise in its stderr: {noise!r}", flush=True)
     if not args.no_html:
