@@ -57,10 +57,13 @@ lint: setup ## ruff over the package, tests and notebooks
 	$(VENV)/bin/ruff check src tests bench notebooks
 	$(VENV)/bin/ruff format --check src tests bench
 
+# pytest's workers (pytest-xdist): one per core, at most 4 (each starts vLLM and servers).
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
+
 .PHONY: test
 test: setup $(VENV)/.installed-extra-ray ## ruff + pytest (real vLLM and Ray included) + nbval
 	$(MAKE) --no-print-directory lint
-	$(VENV)/bin/pytest --durations=15
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --durations=15
 	$(MAKE) --no-print-directory nbval
 
 .PHONY: nbval

@@ -103,7 +103,7 @@ def _probe() -> Machine:
         cpu_capability=str(torch.backends.cpu.get_cpu_capability()),
         cpu_flags=tuple(f for f in BF16_FLAGS if info.get(f)),
         cpu_name=str(info.get("cpu_name", "")),
-        cores=_cores(),
+        cores=usable_cores(),
         cuda=cuda,
         cuda_device=torch.cuda.get_device_name(0) if cuda else None,
         cuda_bf16=bool(cuda and torch.cuda.is_bf16_supported()),
@@ -112,7 +112,8 @@ def _probe() -> Machine:
     )
 
 
-def _cores() -> int:
+def usable_cores() -> int:
+    """CPUs this process may run on (its affinity mask, not the machine's count)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - macOS

@@ -18,9 +18,7 @@ from analysis.paths import reports_dir
 
 TIMINGS_FILE = "timings.json"
 # "About 5 min", "About 20-40 s", "Under a minute", "Seconds to a minute": the upper bound.
-_STATED = re.compile(
-    r"(\d+(?:\.\d+)?)(?:\s*-\s*(\d+(?:\.\d+)?))?\s*(s\b|sec|min)", re.IGNORECASE
-)
+_STATED = re.compile(r"(\d+(?:\.\d+)?)(?:\s*-\s*(\d+(?:\.\d+)?))?\s*(s\b|sec|min)", re.IGNORECASE)
 
 
 def timings_path() -> Path:

@@ -36,7 +36,7 @@ class StudyParams:
     suffix_tokens: int = 24
     output_tokens: int = 4
     repeats: int = 3
-    budget_s: float = 60.0  # measurement time per notebook section, by the calibration
+    budget_s: float = 40.0  # measurement time per notebook section, by the calibration
     min_requests: int = 4
     max_requests: int = 32
     conversations_max: int = 16  # ShareGPT: conversations per repeat at most
@@ -282,7 +282,7 @@ def engine_config(study: StudyParams, **overrides: Any) -> serving.PrefixSweepCo
         "max_model_len": 2048,
         "long_input_len": 1536,
         "long_prompts": 2,
-        "long_output_lens": (2, 8, 32, 128),
+        "long_output_lens": (2, 16, 128),
         "long_rounds": 2,
         "kv_cache_memory_bytes": study.kv_cache_memory_bytes,
         "gpu_memory_utilization": study.gpu_memory_utilization,

@@ -215,11 +215,13 @@ def run_point_notebook(point: Point, grid: str | Path, *, force: bool = False) -
 
 
 def ensure_grid(name_or_path: str | Path, *, progress: bool = True) -> list[Point]:
-    """Run, inline, every point of the grid whose result is missing (finished ones are kept)."""
+    """Run every point of the grid whose result is missing (finished ones are kept), in one
+    process per usable core."""
     from analysis.executors import run_points
+    from analysis.hardware import usable_cores
 
     points = grid_points(name_or_path)
-    run_points(points, "local", progress=progress)
+    run_points(points, "local", workers=usable_cores(), progress=progress)
     return points
 
 

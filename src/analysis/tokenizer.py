@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from analysis.errors import TokenizerUnavailable
+from analysis.hardware import usable_cores
 from analysis.manifest import file_sha256
 
 if TYPE_CHECKING:
@@ -167,7 +168,7 @@ def encode_texts(
     from tqdm import tqdm
 
     chunks = _chunks_by_size(texts, chunk_chars)
-    workers = max(1, workers or _usable_cpus())
+    workers = max(1, workers or usable_cores())
     encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)  # no offsets: faster
 
     def encode_chunk(chunk: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -243,13 +244,6 @@ def _chunks_by_size(texts: Sequence[str], chunk_chars: int) -> list[Sequence[str
     if start < len(texts):
         chunks.append(texts[start:])
     return chunks
-
-
-def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 def _quiet(progress: bool) -> bool | None:
