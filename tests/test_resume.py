@@ -327,3 +327,30 @@ def test_a_damaged_result_is_a_one_line_error_naming_the_file(tmp_path, part, da
         RunResult.read(folder)
     message = str(caught.value)
     assert message.startswith(str(path)) and "--force" in message and "\n" not in message
+
+
+def test_two_processes_building_the_local_model_at_once_both_get_it(tmp_path: Path) -> None:
+    """Sweep workers start together on a fresh clone: each asks for the local random Llama.
+    Before the lock, the second one's build removed the first one's staging folder
+    (FileNotFoundError on spec.json)."""
+    code = (
+        "from analysis.models import ensure_random_llama\n"
+        "print(ensure_random_llama(dtype='float32'))\n"
+    )
+    env = {**os.environ, "PREFIX_CACHE_LAB_ROOT": str(tmp_path), "PYTHONPATH": str(SRC)}
+    builders = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(3)
+    ]
+    outputs = [b.communicate(timeout=300) for b in builders]
+    assert [b.returncode for b in builders] == [0, 0, 0], [err[-500:] for _, err in outputs]
+    folder = Path(outputs[0][0].strip())
+    assert {out.strip() for out, _ in outputs} == {str(folder)}
+    assert json.loads((folder / "spec.json").read_text())["dtype"] == "float32"
+    assert not list(folder.parent.glob("*.partial"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import gc
 import hashlib
@@ -106,6 +107,20 @@ def atomic_path(path: Path):
         os.replace(tmp_path, path)
     finally:
         tmp_path.unlink(missing_ok=True)
+
+
+@contextmanager
+def lock_beside(path: Path):
+    """Hold an exclusive flock on `.NAME.lock` beside `path` (released if the process dies):
+    one process at a time builds or swaps `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(f".{path.name}.lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _umask() -> int:

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from analysis.chat_template import DEFAULT as DEFAULT_TEMPLATE
+from analysis.manifest import lock_beside
 from analysis.paths import cache_dir
 
 
@@ -79,6 +80,13 @@ def ensure_random_llama(spec: RandomLlamaSpec = TINY, dtype: str | None = None) 
     wanted = folder_stamp(spec, chosen)
     if stamp.exists() and json.loads(stamp.read_text()) == wanted:
         return target
+    with lock_beside(target):  # sweep workers and notebooks may ask for it at the same time
+        if not (stamp.exists() and json.loads(stamp.read_text()) == wanted):
+            _build_random_llama(spec, chosen, target, wanted)
+    return target
+
+
+def _build_random_llama(spec: RandomLlamaSpec, chosen: str, target: Path, wanted: dict) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -113,7 +121,6 @@ def ensure_random_llama(spec: RandomLlamaSpec = TINY, dtype: str | None = None) 
     (staging / "spec.json").write_text(json.dumps(wanted, indent=2))
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
-    return target
 
 
 @contextmanager

@@ -33,11 +33,9 @@ runs), so compare replay runs in steps.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -47,7 +45,7 @@ import pandas as pd
 from analysis.blockstats import BlockStats
 from analysis.engines.config import RunConfig
 from analysis.errors import ResultError
-from analysis.manifest import read_json, write_json, write_parquet
+from analysis.manifest import lock_beside, read_json, write_json, write_parquet
 
 TABLES = ("admissions", "requests", "block_stats")
 OPTIONAL_TABLES = ("block_events",)
@@ -90,7 +88,7 @@ class RunResult:
             write_json(staging / "counters.json", self.counters)
             write_json(staging / "summary.json", self.summary)
             write_json(staging / MANIFEST, self.manifest)
-            with _writer_lock(folder):
+            with lock_beside(folder):
                 _replace_folder(staging, folder)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -168,18 +166,6 @@ def _read_part(path: Path, reader: Callable[[Path], Any]) -> Any:
 
 def is_complete(folder: Path) -> bool:
     return (Path(folder) / MANIFEST).is_file()
-
-
-@contextlib.contextmanager
-def _writer_lock(folder: Path) -> Iterator[None]:
-    """One writer at a time swaps `folder` (an flock, released if the process dies)."""
-    lock = folder.with_name(f".{folder.name}.lock")
-    with open(lock, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _remove_dead_writers(folder: Path) -> None:

@@ -9,7 +9,6 @@ table of `figures/README.md`, so the folder documents itself.
 
 from __future__ import annotations
 
-import fcntl
 import re
 import warnings
 from pathlib import Path
@@ -20,7 +19,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.ticker import PercentFormatter
 
-from analysis.manifest import atomic_path
+from analysis.manifest import atomic_path, lock_beside
 from analysis.paths import figures_dir
 
 # The words of design.md, one colour each, everywhere.
@@ -112,16 +111,12 @@ def nan_series(fig: Figure) -> list[str]:
 def _record_caption(readme: Path, name: str, caption: str) -> None:
     """Read, change and write the caption table under a lock: notebooks run in parallel
     (`make report`) save figures into the same folder, and none may lose another's line."""
-    with open(readme.with_name(f".{readme.name}.lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            rows = _read_captions(readme)
-            rows[name] = " ".join(caption.split()).replace("|", "/")
-            body = "".join(f"| [{n}]({n}.png) | {rows[n]} |\n" for n in sorted(rows))
-            with atomic_path(readme) as tmp:
-                tmp.write_text(README_HEADER + body)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    with lock_beside(readme):
+        rows = _read_captions(readme)
+        rows[name] = " ".join(caption.split()).replace("|", "/")
+        body = "".join(f"| [{n}]({n}.png) | {rows[n]} |\n" for n in sorted(rows))
+        with atomic_path(readme) as tmp:
+            tmp.write_text(README_HEADER + body)
 
 
 def _read_captions(readme: Path) -> dict[str, str]:
