@@ -184,3 +184,27 @@ def test_ray_executor_without_ray_is_one_line(grid, monkeypatch, capsys):
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0
     assert "needs Ray" in err and "pip install '.[ray]'" in err and "EXTRAS=ray" in err
+
+
+def test_local_workers_keep_real_engine_points_here_one_at_a_time(grid, monkeypatch, tmp_path):
+    """A real engine uses every core: with workers, its points run in this process first, one
+    at a time, and only replay points go to the worker processes."""
+    import analysis.engines
+
+    mixed = tmp_path / "mixed.toml"
+    mixed.write_text(
+        grid.read_text().replace('engines = ["replay"]', 'engines = ["replay", "vllm"]')
+    )
+    points = sweep.grid_points(mixed)
+    here, elsewhere = [], []
+    monkeypatch.setattr(
+        analysis.engines, "run_and_write", lambda config, *a, **k: here.append(config.engine)
+    )
+    monkeypatch.setattr(
+        executors,
+        "_run_in_processes",
+        lambda todo, *a: elsewhere.extend(p.config.engine for p in todo),
+    )
+    executors.run_points(points, "local", workers=2, results=tmp_path, progress=False)
+    assert here == ["vllm"] * 4
+    assert elsewhere == ["replay"] * 4

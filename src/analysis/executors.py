@@ -3,9 +3,10 @@
 Both run exactly the points whose result is not complete (unless forced), show one progress
 bar for the whole sweep, and write each result folder atomically, from this process only:
 
-- `local`: one point after the other, in this process; with `workers` N > 1, N processes of
-  this machine (spawned, so that each starts vLLM clean) run the points, longest first (the
-  real-engine points), and hand each result back to this process to write.
+- `local`: one point after the other, in this process; with `workers` N > 1, the replay
+  points (one core each) run on N processes of this machine (spawned, so that each starts
+  vLLM clean) and hand each result back to this process to write; real-engine points, which
+  use every core, still run here one at a time, first.
 - `ray`: one Ray task per point on the cluster at `RAY_ADDRESS`, or on a Ray instance started
   here (`workers` CPUs; stopped at the end). A replay point asks for one CPU, a real-engine
   GPU point for one GPU. A task whose worker dies (killed, out of memory, node lost) is run
@@ -103,14 +104,19 @@ def run_points(
 
     started = time.perf_counter()
     try:
-        if executor == "local" and (workers or 1) > 1 and len(todo) > 1:
-            _run_in_processes(todo, workers, folder, finished)
-        elif executor == "local":
+        if executor == "local":
             from analysis.engines import run_and_write
 
-            for point in todo:
+            # A real engine uses every core (or the GPU): those points run here, one at a
+            # time (two at once on 2 cores ran 5x slower each). Replay points use one core.
+            engine = [p for p in todo if p.config.engine == "vllm"]
+            replay = [p for p in todo if p.config.engine != "vllm"]
+            in_processes = replay if (workers or 1) > 1 and len(replay) > 1 else []
+            for point in [*engine, *(p for p in replay if p not in in_processes)]:
                 run_and_write(point.config, folder(point).parent, force=force, progress=False)
                 finished(point)
+            if in_processes:
+                _run_in_processes(in_processes, workers, folder, finished)
         elif todo:
             _run_on_ray(todo, workers, folder, finished)
     finally:
@@ -142,11 +148,6 @@ def compute_point(config: dict[str, Any]) -> Any:
     return result.without_block_events()
 
 
-def _longest_first(points: list[Point]) -> list[Point]:
-    """Real-engine points (an engine start and a model each) before replay points."""
-    return sorted(points, key=lambda p: p.config.engine != "vllm")
-
-
 def _run_in_processes(
     todo: list[Point],
     workers: int,
@@ -159,7 +160,7 @@ def _run_in_processes(
 
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(min(workers, len(todo)), mp_context=context) as pool:
-        futures = {pool.submit(compute_point, p.config.to_dict()): p for p in _longest_first(todo)}
+        futures = {pool.submit(compute_point, p.config.to_dict()): p for p in todo}
         try:
             for future in as_completed(futures):
                 point = futures[future]
