@@ -11,7 +11,6 @@ import pytest
 
 from analysis import oracles
 from analysis.bounds import ideal_bound
-from analysis.traces import load_trace
 
 
 def test_checks_table_passes_and_fails():
@@ -45,13 +44,14 @@ def test_brute_force_counts_the_reply_except_its_last_token():
 
 def test_brute_force_equals_the_ideal_bound_on_real_traces(tmp_path):
     """Two independent computations of the infinite-cache hits agree on real ShareGPT turns
-    (the traces are built by the fixture-free CLI path in data/traces when present)."""
-    from analysis.paths import traces_dir
+    (the packaged ShareGPT, the real tokenizer and template; built here, so that the test
+    never depends on another one having built data/traces first)."""
+    from analysis.sharegpt import load_conversations
+    from analysis.traces import TraceOptions, build_traces
 
-    path = traces_dir() / "multi_turn.parquet"
-    if not path.exists():
-        pytest.skip("build the traces first: python -m analysis traces")
-    trace = load_trace(path).head(300)
+    conversations, _ = load_conversations(source="package", max_conversations=120, progress=False)
+    trace = build_traces(conversations, TraceOptions(), progress=False).multi.head(300)
+    assert len(trace) == 300 and trace["turn_index"].max() >= 1
     ours = oracles.brute_force_hits(trace["prompt_ids"], 16, trace["response_ids"])
     theirs = ideal_bound(trace, 16, include_outputs=True)
     assert int(ours.sum()) == theirs.hit_tokens
