@@ -1,6 +1,6 @@
 """How long each stage of `make report` takes: an estimate first, a table at the end.
 
-The stages (traces, inline sweep, per-point notebook runs, each notebook, HTML export) append
+The stages (set-up, traces, sweep, each notebook, HTML export) append
 their wall time to `reports/timings.json` as they finish. A new run starts a new file and keeps
 the last finished one under "previous": that is what the next estimate reads, together with
 the run times the notebooks state in their first cells and the sweep points still to run.
