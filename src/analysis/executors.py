@@ -111,12 +111,12 @@ def run_points(
             # time (two at once on 2 cores ran 5x slower each). Replay points use one core.
             engine = [p for p in todo if p.config.engine == "vllm"]
             replay = [p for p in todo if p.config.engine != "vllm"]
-            in_processes = replay if (workers or 1) > 1 and len(replay) > 1 else []
-            for point in [*engine, *(p for p in replay if p not in in_processes)]:
+            spread = (workers or 1) > 1 and len(replay) > 1
+            for point in engine if spread else engine + replay:
                 run_and_write(point.config, folder(point).parent, force=force, progress=False)
                 finished(point)
-            if in_processes:
-                _run_in_processes(in_processes, workers, folder, finished)
+            if spread:
+                _run_in_processes(replay, workers, folder, finished)
         elif todo:
             _run_on_ray(todo, workers, folder, finished)
     finally:
