@@ -4,9 +4,10 @@
    configuration on both engines: requests/s and tokens/s (prompt + generated tokens over the
    step loop, start-up excluded and reported apart), and their ratio.
 2. The WHOLE multi-turn trace (recorded replies decoded) through `replay` at one
-   configuration: wall and CPU seconds, requests/s, tokens/s; the same run without the hot-path
-   savings (`analysis.engines.replay.HOT_PATH = False`) first, their ratio, and that every count
-   is the same; the size of its result folder, and what its block events would add in full.
+   configuration: wall and CPU seconds, requests/s, tokens/s; the same run with the replay
+   engine as it was at BASELINE_REV (read from git), twice each in the order before, now, now,
+   before after a warm-up, their ratio, and that every count is the same; the size of its
+   result folder, and what its block events would add in full.
 
 Uses data/traces/multi_turn.parquet; without it, a synthetic trace of the same size and shape
 (said so in the output).
@@ -17,6 +18,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import replace
+from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -27,6 +29,8 @@ SAMPLE_MAX_OUTPUT_TOKENS = 32
 # enough for every running request (no preemption), vLLM's default 256 sequences.
 WHOLE_BLOCK_SIZE = 16
 WHOLE_NUM_BLOCKS = 65_536
+# The replay engine before the latest hot-path work: what "faster" is measured against.
+BASELINE_REV = "4dabc35"
 
 
 def _trace():
@@ -100,8 +104,32 @@ def compare_on_sample(frame) -> dict[str, float]:
     return {"replay / vllm requests/s (sample)": rows[1][0] / rows[0][0]}
 
 
-def _whole_trace_run(frame, hot_path: bool):
-    """One whole-trace replay with the hot-path savings on or off: (result, wall s, CPU s)."""
+def baseline_replay():
+    """`analysis.engines.replay` as it was at BASELINE_REV, read from git (None without git or
+    that commit): the "before" of the hot-path ratio, run in this same process."""
+    import subprocess
+    import sys
+    import types
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        source = subprocess.run(
+            ["git", "show", f"{BASELINE_REV}:src/analysis/engines/replay.py"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    module = types.ModuleType("replay_at_baseline")
+    sys.modules[module.__name__] = module  # dataclasses look their module up
+    exec(compile(source, f"{BASELINE_REV}:src/analysis/engines/replay.py", "exec"), vars(module))
+    return module
+
+
+def _whole_trace_run(frame, engine=None):
+    """One whole-trace replay (with `engine`'s `run_replay` when given): (result, wall, CPU s)."""
     from analysis.engines import RunConfig, run
     from analysis.engines import replay as replay_module
 
@@ -112,15 +140,15 @@ def _whole_trace_run(frame, hot_path: bool):
         num_blocks=WHOLE_NUM_BLOCKS,
         mode="batch",
     )
-    saved = replay_module.HOT_PATH
-    replay_module.HOT_PATH = hot_path
+    current = replay_module.run_replay
+    replay_module.run_replay = engine.run_replay if engine else current
     try:
         wall = time.perf_counter()
         cpu = time.process_time()
         result = run(frame, config, progress=False)
         return result, time.perf_counter() - wall, time.process_time() - cpu
     finally:
-        replay_module.HOT_PATH = saved
+        replay_module.run_replay = current
 
 
 def _counts(result) -> dict:
@@ -146,8 +174,17 @@ def _folder_sizes(result) -> tuple[int, int]:
 
 
 def whole_trace(frame, source: str) -> dict[str, float]:
-    old, old_wall, old_cpu = _whole_trace_run(frame, hot_path=False)
-    result, wall, cpu = _whole_trace_run(frame, hot_path=True)
+    baseline = baseline_replay()
+    # A short warm-up pays the imports and first calls, which would otherwise fall on the first
+    # timed run; the timed runs go before, now, now, before, so that a slow drift of the
+    # machine's speed weighs on both alike. Each one's time is the mean of its two runs.
+    _whole_trace_run(frame.head(2000))
+    order = (baseline, None, None, baseline) if baseline else (None,)
+    timed: dict[bool, list] = {False: [], True: []}
+    for engine in order:
+        timed[engine is None].append(_whole_trace_run(frame, engine))
+    result = timed[True][0][0]
+    wall, cpu = (sum(run[i] for run in timed[True]) / len(timed[True]) for i in (1, 2))
     s = result.summary
     engine = result.manifest["engine"]
     tokens = s["prompt_tokens"] + s["output_tokens"]
@@ -166,18 +203,26 @@ def whole_trace(frame, source: str) -> dict[str, float]:
         f"{s['all_prefill']['rate']:.2%}, preemptions {s['preemptions']}, "
         f"{engine['steps']} steps ({engine['scheduler_calls']} schedule() calls)"
     )
-    same = _counts(old) == _counts(result)
-    print(
-        f"  hot-path savings: {old_wall:.1f} s before -> {wall:.1f} s after (wall; CPU "
-        f"{old_cpu:.1f} s -> {cpu:.1f} s), {old_wall / wall:.2f}x faster wall, "
-        f"{old_cpu / cpu:.2f}x CPU; identical counts: {same}"
-    )
+    ratios = {}
+    if baseline:
+        old_wall, old_cpu = (sum(run[i] for run in timed[False]) / 2 for i in (1, 2))
+        spread = {now: [round(run[1], 1) for run in runs] for now, runs in timed.items()}
+        same = all(_counts(run[0]) == _counts(result) for runs in timed.values() for run in runs)
+        print(
+            f"  replay at {BASELINE_REV} -> now: {old_wall:.1f} s -> {wall:.1f} s wall (mean of 2 "
+            f"runs each: {spread[False]} s, {spread[True]} s; CPU {old_cpu:.1f} s -> {cpu:.1f} s), "
+            f"{old_wall / wall:.2f}x faster wall, {old_cpu / cpu:.2f}x CPU; identical counts: "
+            f"{same}"
+        )
+        ratios[f"replay {BASELINE_REV} / now, whole trace, wall"] = old_wall / wall
+    else:
+        print(f"  (no git or no commit {BASELINE_REV} here: no before/after ratio measured)")
     written, events = _folder_sizes(result)
     print(
         f"  result folder: {written / 1e6:.1f} MB with block events as aggregates "
         f"({len(result.block_events):,} events would add {events / 1e6:.0f} MB in full)"
     )
-    return {"replay hot path off / on, wall": old_wall / wall}
+    return ratios
 
 
 def main() -> dict[str, float]:

@@ -87,31 +87,3 @@ def test_full_block_events_when_asked(tmp_path):
     again = RunResult.read(result.write(tmp_path / "full"))
     pd.testing.assert_frame_equal(again.block_events, result.block_events)
     assert again.block_stats == BlockStats.from_events(again.block_events)
-
-
-@pytest.mark.engine
-@pytest.mark.parametrize(
-    "changes",
-    [
-        {"mode": "batch", "num_blocks": 140},
-        {"mode": "closed-loop", "concurrency": 4, "num_blocks": 300, "block_size": 8},
-    ],
-)
-def test_hot_path_savings_change_no_count(monkeypatch, changes):
-    import analysis.engines.replay as replay
-
-    trace = synthetic_trace(
-        30, turns=(1, 5), user_tokens=(20, 300), reply_tokens=(5, 200), seed=4, shared_prefix=40
-    )
-    monkeypatch.setattr(replay, "HOT_PATH", False)
-    old = run_replay(trace, **changes)
-    monkeypatch.setattr(replay, "HOT_PATH", True)
-    new = run_replay(trace, **changes)
-    for result in (old, new):  # wall-clock seconds aside
-        result.summary["blocks"].pop("reuse_gap_seconds")
-    assert new.summary == old.summary
-    pd.testing.assert_frame_equal(
-        new.admissions.drop(columns="time_s"), old.admissions.drop(columns="time_s")
-    )
-    columns = ["step", "event", "block_hash", "block_id", "request_index"]
-    pd.testing.assert_frame_equal(new.block_events[columns], old.block_events[columns])

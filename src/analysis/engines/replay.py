@@ -46,10 +46,6 @@ from analysis.engines.vllm_args import engine_kwargs, model_shape
 from analysis.engines.workload import Arrivals, Workload
 from analysis.manifest import gc_paused
 
-# The savings measured by `make bench` against the code before them (same counts either way):
-# no call of vLLM's block hasher for a decode token that fills no block. False: the old path.
-HOT_PATH = True
-
 
 @dataclass
 class ReplayEngine:
@@ -208,9 +204,8 @@ class DecodeFastPath:
         self.handled_events = 0
         self.skipped_steps = 0
         self.plain_steps = 0
-        self.num_parked = 0
-        self._wake_heap: list[int] = []
-        self._parked: list[Any] = []
+        self._wake_heap: list[int] = []  # each wake step once; stale ones popped lazily
+        self._parked_by_wake: dict[int, int] = {}  # wake step -> requests parked until it
         self._full: list[Any] = []
         self._visible: list[Any] = []
         self._num_visible = 0
@@ -276,9 +271,12 @@ class DecodeFastPath:
         request._park_step = step
         request._park_wake = wake
         request._park_finishing = finishing
-        heapq.heappush(self._wake_heap, wake)
-        self._parked.append(request)
-        self.num_parked += 1
+        parked = self._parked_by_wake
+        if wake in parked:
+            parked[wake] += 1
+        else:
+            parked[wake] = 1
+            heapq.heappush(self._wake_heap, wake)
 
     def _catch_up(self, request: Any, step: int) -> None:
         """Advance a parked request to the start of `step`, as vLLM's steps would have."""
@@ -286,8 +284,13 @@ class DecodeFastPath:
         if steps > 0:
             self._advance(request, steps)
             self.parked_request_steps += steps
+        parked = self._parked_by_wake
+        wake = request._park_wake
+        if parked[wake] == 1:
+            del parked[wake]
+        else:
+            parked[wake] -= 1
         request._park_wake = 0
-        self.num_parked -= 1
 
     def _advance(self, request: Any, steps: int) -> None:
         """`steps` decode steps: computed tokens, then the next workload tokens appended."""
@@ -299,14 +302,13 @@ class DecodeFastPath:
         request.num_computed_tokens += steps
         # vLLM's hasher returns nothing until a block is full: call it only then.
         hash_end = (len(request.block_hashes) + 1) * self.hash_block_size
-        if not HOT_PATH or len(request._all_token_ids) >= hash_end:
+        if len(request._all_token_ids) >= hash_end:
             request.update_block_hashes()
 
     def _unpark_all(self, step: int) -> None:
-        for request in self._parked:
+        for request in self.scheduler.running:  # every parked request is in `running`
             if request._park_wake:
                 self._catch_up(request, step)
-        self._parked = []
         self._wake_heap.clear()
 
     def next_wake(self, step: int) -> int:
@@ -316,7 +318,7 @@ class DecodeFastPath:
         heap = self._wake_heap
         while True:
             wake = heap[0]
-            if wake > step and any(r._park_wake == wake for r in self._parked):
+            if wake > step and wake in self._parked_by_wake:
                 return wake
             heapq.heappop(heap)
 
@@ -346,33 +348,34 @@ class DecodeFastPath:
         block_size = self.block_size
         max_model_len = self.max_model_len
         req_to_blocks = self.req_to_blocks
-        demand = 0
         blocks_needed = 0
         due: list[Any] = []
         newly: list[tuple[Any, int, bool]] = []
         visible: list[Any] = []
-        for request in full:
-            wake = request._park_wake
-            if wake:
-                demand += 1
-                if wake > step:
-                    continue
+        # Requests parked past this step only take their one token: count them, skip them.
+        acting = [request for request in full if request._park_wake <= step]
+        demand = len(full) - len(acting)
+        for request in acting:
+            # (steps to its next event, whether vLLM must schedule it then)
+            if request._park_wake:
+                # Parked until this very step: its event is now, as `_next_event` said then.
                 self._catch_up(request, step)
-            if self._decoding(request):
-                steps, finishing = self._next_event(request)
-                if steps:
-                    newly.append((request, steps, finishing))
-                    demand += 0 if wake else 1
-                    continue
-                if not finishing:
-                    due.append(request)
-                    demand += 0 if wake else 1
-                    num_tokens = len(request._all_token_ids)
-                    if len(req_to_blocks[request.request_id]) * block_size < num_tokens:
-                        blocks_needed += 1
-                    continue
-            if wake:
-                demand -= 1
+                steps, to_vllm = 0, request._park_finishing
+            elif self._decoding(request):
+                steps, to_vllm = self._next_event(request)
+            else:
+                steps, to_vllm = 0, True  # a prefill: vLLM's own work
+            if steps:
+                newly.append((request, steps, to_vllm))
+                demand += 1
+                continue
+            if not to_vllm:
+                due.append(request)
+                demand += 1
+                num_tokens = len(request._all_token_ids)
+                if len(req_to_blocks[request.request_id]) * block_size < num_tokens:
+                    blocks_needed += 1
+                continue
             visible.append(request)
             num_tokens = len(request._all_token_ids)
             demand += num_tokens - request.num_computed_tokens
@@ -452,7 +455,8 @@ class DecodeFastPath:
         self._advance(request, 1)
         self.handled_events += 1
         steps, finishing = self._next_event(request)
-        if steps:
+        if steps or not finishing:
+            # Parked even when its next event is the next step: `prepare` then knows it is due.
             self._park(request, step + 1, steps, finishing)
 
     def nothing_to_schedule(self) -> bool:
@@ -473,8 +477,6 @@ class DecodeFastPath:
         self._budgets = None
         self._full = []
         self._visible = []
-        if len(self._parked) > 4 * max(self.num_parked, 64):
-            self._parked = [r for r in self._parked if r._park_wake]
 
 
 def run_replay(
