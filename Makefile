@@ -114,6 +114,15 @@ report: ## set up if needed, build traces, run the sweep, re-execute every noteb
 	@$(PY) -m analysis report --stage 'sweep' --run '$(MAKE) --no-print-directory sweep-inline'
 	$(PY) -m analysis report
 
+# The serving study at decision grade: cpu-study (the CPU model, 96 requests per cell, 1-32
+# clients, thrash; 8 minutes on 2 cores with bf16, longer in float32, whose prefill is 3.5x
+# slower) or gpu (an 8B shape; a CUDA machine).
+STUDY ?= cpu-study
+
+.PHONY: study
+study: setup ## serving notebooks 08, 10, 11, 12 with the STUDY parameter set into figures/<STUDY>/
+	$(PY) -m analysis report --profile $(STUDY)
+
 .PHONY: FORCE
 FORCE:
 

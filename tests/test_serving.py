@@ -23,6 +23,7 @@ import psutil
 import pytest
 
 from analysis import loadgen, serving
+from analysis import serving_study as study
 from analysis.serving import RunKey, ServerConfig, ServerStartError, VllmServer
 
 FAKE_SERVER = textwrap.dedent(
@@ -406,6 +407,8 @@ def test_real_server_measures_ttft_counts_hits_and_caches_results(
         assert len(gauges) >= 1 and gauges["kv_cache_usage_perc"].between(0, 1).all()
         capacity = server.kv_capacity_blocks()  # vLLM needs room for one max-length request
         assert capacity is not None and capacity * 32 >= config.max_model_len
+        # the thrash case sizes its prefix set from this, without a server
+        assert study.kv_pool_blocks(tiny_model, config.block_size, 256 << 20) == capacity
 
         # ShareGPT conversations from the real data, closed loop: later turns hit the earlier
         trace = _small_sharegpt_trace()

@@ -32,7 +32,9 @@ def cache_dir() -> Path:
 
 
 def figures_dir() -> Path:
-    return repo_root() / "figures"
+    """`figures/`, or `PREFIX_CACHE_LAB_FIGURES` (relative to the root): a study run with
+    other parameters keeps its figures apart from the default ones."""
+    return repo_root() / os.environ.get("PREFIX_CACHE_LAB_FIGURES", "figures")
 
 
 def reports_dir() -> Path:

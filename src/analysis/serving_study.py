@@ -44,6 +44,7 @@ class StudyParams:
     sharegpt_concurrency: int = 4
     dilution_prefix: int = 1024
     eligible_shares: tuple[float, ...] = (0.5,)
+    thrash: bool = False  # anti-patterns: also a prefix set twice the KV pool (about a minute)
     block_size: int = 32
     max_model_len: int = 2048
     kv_cache_memory_bytes: int | None = 512 * MIB
@@ -73,6 +74,15 @@ class StudyParams:
 
 PROFILES: dict[str, dict[str, Any]] = {
     "cpu": {},
+    # The same CPU model and servers at decision grade (8 minutes on 2 cores with bf16): 32
+    # measured requests per repeat (96 per cell), concurrency up to 32, and the thrash case.
+    "cpu-study": {
+        "concurrency": (1, 8, 16, 32),
+        "budget_s": 1200.0,
+        "min_requests": 32,
+        "max_requests": 32,
+        "thrash": True,
+    },
     "gpu": {
         "model": "llama-3.1-8b",
         "load_format": "dummy",
@@ -89,6 +99,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "kv_cache_memory_bytes": None,
         "gpu_memory_utilization": 0.85,
         "enforce_eager": False,
+        "thrash": True,
     },
 }
 
@@ -162,6 +173,27 @@ def say(message: str) -> None:
     print(message, file=sys.stderr)
 
 
+def pool_blocks(pair: serving.ServerPair, study: StudyParams) -> int | None:
+    """KV blocks in the caching server's pool: computed when the study fixes the pool's bytes
+    (the CPU sets), else as the running server reports it (a GPU sizes its pool from free
+    memory, so this starts the server)."""
+    model = serving.resolve_model(study.model)
+    if study.kv_cache_memory_bytes:
+        blocks = kv_pool_blocks(model, study.block_size, study.kv_cache_memory_bytes)
+        if blocks:
+            return blocks
+    return pair.get(study.bench(), model, ("cache",))["cache"].kv_capacity_blocks()
+
+
+def kv_pool_blocks(model: str, block_size: int, pool_bytes: int) -> int | None:
+    """Blocks that vLLM makes of a `pool_bytes` KV pool for `model` (None: shape unknown)."""
+    from analysis import models
+    from analysis.engines.vllm_args import kv_bytes_per_block
+
+    per_block = kv_bytes_per_block(model, block_size, models.vllm_dtype(model))
+    return pool_bytes // per_block if per_block else None
+
+
 def thrash_prefixes(capacity_blocks: int | None, study: StudyParams, prefix: int) -> int:
     """How many distinct prefixes overflow the KV pool twice over (LRU then evicts each
     prefix before it comes round again); 8 when the pool size is unknown."""
@@ -189,20 +221,30 @@ def anti_pattern_section(
     pair: serving.ServerPair, study: StudyParams, *, force: bool = False
 ) -> Any:
     """Caching on, one client, the longest prefix: prefixes cycling over 4 variants, and a
-    prefix that changes every 4 requests (churn). Each new prefix misses once."""
+    prefix that changes every 4 requests (churn). Each new prefix misses once. With
+    `study.thrash`, also K distinct prefixes twice the KV pool, round robin over two rounds:
+    LRU evicts every prefix before its turn comes again, so the second round misses too."""
     prefix = max(study.prefixes)
-    rows = []
-    for label, changes in (
+    patterns: list[tuple[str, dict[str, Any]]] = [
         ("one shared prefix", {}),
         ("4 distinct prefixes, round robin", {"distinct_prefixes": 4}),
         ("churn: new prefix every 4 requests", {"churn_every": 4}),
-    ):
+    ]
+    if study.thrash:
+        k = thrash_prefixes(pool_blocks(pair, study), study, prefix)
+        patterns.append(
+            (
+                f"thrash: {k} distinct prefixes (2x the pool), round robin",
+                {"distinct_prefixes": k, "requests": 2 * k},
+            )
+        )
+    rows = []
+    for label, changes in patterns:
         config = study.bench(
             prefixes=(prefix,),
             concurrency=(1,),
             modes=("cache",),
-            requests=16,
-            **changes,
+            **({"requests": 16} | changes),
         )
         table = serving.run_serving_bench(config, servers=pair, force=force, progress=False)
         rows.append(table.assign(pattern=label))

@@ -9,7 +9,11 @@ Each notebook and the HTML export are timed; at the end the per-stage table (wit
 from __future__ import annotations
 
 import argparse
+import os
 import time
+
+# The serving study: synthetic prefixes, real conversations, seed 004, the decision write-up.
+STUDY_NOTEBOOKS = ("08", "10", "11", "12")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -32,6 +36,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--estimate", action="store_true", help="print what the report should take and stop"
     )
     parser.add_argument("--grid", default="default", help="sweep grid counted by --estimate")
+    parser.add_argument(
+        "--profile",
+        default=None,
+        help="run the serving study's notebooks (08, 10, 11, 12) with this parameter set "
+        "(cpu-study, gpu) into figures/<profile>/, figures included; the committed notebooks "
+        "are left as they are",
+    )
     parser.add_argument("--stage", default=None, help="with --run: the stage's name")
     parser.add_argument("--run", default=None, help="with --stage: a shell command to time")
 
@@ -52,6 +63,8 @@ def main(args: argparse.Namespace) -> int:
     if args.stage is not None:
         return timings.run_stage(args.stage, args.run)
     notebooks = report_notebooks()
+    if args.profile is not None:
+        return run_study(args.profile, args.notebooks or list(STUDY_NOTEBOOKS))
     if args.estimate:
         print(timings.estimate(notebooks, timings.pending_points(args.grid)), flush=True)
         return 0
@@ -79,4 +92,30 @@ def main(args: argparse.Namespace) -> int:
     finished = timings.finish()
     print("\nTime per stage:\n" + timings.table(finished))
     print(f"(also in {timings.timings_path()})")
+    return 0
+
+
+def run_study(profile: str, prefixes: list[str]) -> int:
+    """Execute the chosen serving notebooks with `profile` into figures/<profile>/: the
+    executed notebooks, their figures and captions; the per-request rows are cached under
+    data/results/serving/ as for any run, so a second call re-plots without measuring."""
+    from analysis import serving_study
+    from analysis.errors import UsageError
+    from analysis.paths import figures_dir
+    from analysis.progress import interactive
+    from analysis.report import execute, report_notebooks
+
+    try:
+        serving_study.params(profile)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    chosen = [p for p in report_notebooks() if any(p.name.startswith(s) for s in prefixes)]
+    if not chosen:
+        raise UsageError(f"no notebook matches {' '.join(prefixes)} in notebooks/")
+    os.environ["PREFIX_CACHE_LAB_FIGURES"] = f"figures/{profile}"  # the kernels inherit it
+    folder = figures_dir()
+    for notebook in chosen:
+        print(f"executing {notebook.name} with profile={profile!r} ...", flush=True)
+        done = execute(notebook, folder / notebook.name, {"profile": profile}, interactive())
+        print(f"  {done.output}: {done.seconds / 60:.1f} min", flush=True)
     return 0

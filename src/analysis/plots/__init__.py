@@ -37,7 +37,8 @@ TRACE_LABELS = {"single_turn": "single-turn", "multi_turn": "multi-turn"}
 
 README_HEADER = """# Figures
 
-Written by the notebooks (`make report`); each PNG has an SVG twin. One line per figure:
+Written by the notebooks (`make report`; a study folder such as `cpu-study/` by `make study`, with
+its executed notebooks); each PNG has an SVG twin. One line per figure:
 
 | figure | what it shows |
 | --- | --- |

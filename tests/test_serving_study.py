@@ -1,0 +1,65 @@
+"""The serving study's parameter sets and the thrash case's sizing (no server: the real
+server's pool is checked against `kv_pool_blocks` in test_serving.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from analysis import cli
+from analysis import serving_study as study
+from analysis.paths import figures_dir, repo_root
+
+
+def test_the_cpu_study_set_samples_at_decision_grade():
+    p = study.params("cpu-study")
+    assert p.min_requests * p.repeats >= 32  # measured requests per cell, at the least
+    assert {16, 32} <= set(p.concurrency) and p.thrash
+    assert p.max_requests >= max(p.concurrency)  # every client has a request at 32 clients
+    # the same servers as the default set: its cached runs are shared with notebooks 10-12
+    assert p.bench().server_config("m", "cache") == study.params("cpu").bench().server_config(
+        "m", "cache"
+    )
+    assert not study.params("cpu").thrash
+
+
+def test_an_unknown_parameter_set_is_a_one_line_error(capsys):
+    with pytest.raises(ValueError, match="cpu-study"):
+        study.params("cpu-large")
+    assert cli.main(["report", "--profile", "cpu-large"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "profile must be one of" in err and "\n" not in err
+
+
+@pytest.mark.parametrize(("capacity", "prefix"), [(682, 1024), (341, 1024), (682, 256), (40, 1000)])
+def test_thrash_prefixes_need_twice_the_pool(capacity, prefix):
+    p = study.params("cpu")
+    k = study.thrash_prefixes(capacity, p, prefix)
+    blocks = math.ceil(prefix / p.block_size)
+    assert k * blocks >= 2 * capacity > (k - 1) * blocks
+
+
+def test_a_study_keeps_its_figures_apart(monkeypatch):
+    monkeypatch.delenv("PREFIX_CACHE_LAB_FIGURES", raising=False)
+    assert figures_dir() == repo_root() / "figures"
+    monkeypatch.setenv("PREFIX_CACHE_LAB_FIGURES", "figures/cpu-study")
+    assert figures_dir() == repo_root() / "figures" / "cpu-study"
+
+
+def test_the_write_up_quotes_a_measured_thrash_case_once():
+    from analysis import serving_writeup as w
+
+    thrash = "thrash: 43 distinct prefixes (2x the pool), round robin"
+    facts = w.Facts(study.params("cpu-study"))
+    facts.patterns = {"one shared prefix": 0.977, thrash: 0.012}
+    facts.pattern_ttft = {
+        "one shared prefix": w.Interval(0.07, 0.06, 0.08),
+        thrash: w.Interval(0.70, 0.69, 0.71),
+    }
+    facts.ttft[("no_cache", 1024, 1)] = w.Interval(0.69, 0.68, 0.70)
+    text = w.decision_markdown(facts)
+    assert text.count(thrash) == 1 and "0.700 s [0.690-0.710]" in text
+    claims = w.claims_table(facts).set_index("claim")
+    assert claims.loc[f"003 anti-pattern: {thrash}", "verdict"] == "thrashes: nothing reused"
+    assert "thrash" not in w.decision_markdown(w.Facts(study.params("cpu"))).split("Caveats")[0]
