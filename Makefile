@@ -114,8 +114,8 @@ report: ## set up if needed, build traces, run the sweep, re-execute every noteb
 	@$(PY) -m analysis report --stage 'sweep' --run '$(MAKE) --no-print-directory sweep-inline'
 	$(PY) -m analysis report
 
-# The serving study at decision grade: cpu-study (the CPU model, 96 requests per cell, 1-32
-# clients, thrash; 8 minutes on 2 cores with bf16, longer in float32, whose prefill is 3.5x
+# The serving study at decision grade: cpu-study (the CPU model, 288 requests per cell, 1-32
+# clients, thrash; 14 minutes on 2 cores with bf16, longer in float32, whose prefill is 3.5x
 # slower) or gpu (an 8B shape; a CUDA machine).
 STUDY ?= cpu-study
 

@@ -16,7 +16,8 @@ def test_the_cpu_study_set_samples_at_decision_grade():
     p = study.params("cpu-study")
     assert p.min_requests * p.repeats >= 32  # measured requests per cell, at the least
     assert {16, 32} <= set(p.concurrency) and p.thrash
-    assert p.max_requests >= max(p.concurrency)  # every client has a request at 32 clients
+    # several waves of requests at the highest concurrency: a steady state, not one burst
+    assert p.min_requests >= 3 * max(p.concurrency)
     # the same servers as the default set: its cached runs are shared with notebooks 10-12
     assert p.bench().server_config("m", "cache") == study.params("cpu").bench().server_config(
         "m", "cache"

@@ -74,13 +74,14 @@ class StudyParams:
 
 PROFILES: dict[str, dict[str, Any]] = {
     "cpu": {},
-    # The same CPU model and servers at decision grade (8 minutes on 2 cores with bf16): 32
-    # measured requests per repeat (96 per cell), concurrency up to 32, and the thrash case.
+    # The same CPU model and servers at decision grade: concurrency up to 32, 96 measured
+    # requests per repeat (288 per cell; three waves of the 32 clients, so that a cell is a
+    # steady state, not one burst), and the thrash case.
     "cpu-study": {
         "concurrency": (1, 8, 16, 32),
-        "budget_s": 1200.0,
-        "min_requests": 32,
-        "max_requests": 32,
+        "budget_s": 1800.0,
+        "min_requests": 96,
+        "max_requests": 96,
         "thrash": True,
     },
     "gpu": {
