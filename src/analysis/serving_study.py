@@ -44,7 +44,7 @@ class StudyParams:
     sharegpt_concurrency: int = 4
     dilution_prefix: int = 1024
     eligible_shares: tuple[float, ...] = (0.5,)
-    thrash: bool = False  # anti-patterns: also a prefix set twice the KV pool (about a minute)
+    thrash: bool = False  # anti-patterns: also a prefix set twice the KV pool (~20 s in bf16)
     block_size: int = 32
     max_model_len: int = 2048
     kv_cache_memory_bytes: int | None = 512 * MIB
