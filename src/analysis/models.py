@@ -78,12 +78,16 @@ def ensure_random_llama(spec: RandomLlamaSpec = TINY, dtype: str | None = None) 
     target = model_dir(spec)
     stamp = target / "spec.json"
     wanted = folder_stamp(spec, chosen)
-    if stamp.exists() and json.loads(stamp.read_text()) == wanted:
+    if _stamped(stamp, wanted):
         return target
     with lock_beside(target):  # sweep workers and notebooks may ask for it at the same time
-        if not (stamp.exists() and json.loads(stamp.read_text()) == wanted):
+        if not _stamped(stamp, wanted):  # another process may have built it meanwhile
             _build_random_llama(spec, chosen, target, wanted)
     return target
+
+
+def _stamped(stamp: Path, wanted: dict) -> bool:
+    return stamp.exists() and json.loads(stamp.read_text()) == wanted
 
 
 def _build_random_llama(spec: RandomLlamaSpec, chosen: str, target: Path, wanted: dict) -> None:

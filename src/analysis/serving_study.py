@@ -23,6 +23,7 @@ from typing import Any
 from analysis import serving
 
 MIB = 1 << 20
+THRASH = "thrash"  # the label the thrash anti-pattern starts with
 
 
 @dataclass(frozen=True)
@@ -191,7 +192,8 @@ def kv_pool_blocks(model: str, block_size: int, pool_bytes: int) -> int | None:
     from analysis import models
     from analysis.engines.vllm_args import kv_bytes_per_block
 
-    per_block = kv_bytes_per_block(model, block_size, models.vllm_dtype(model))
+    dtype = models.vllm_dtype(model)
+    per_block = kv_bytes_per_block(model, block_size, None if dtype == "auto" else dtype)
     return pool_bytes // per_block if per_block else None
 
 
@@ -235,7 +237,7 @@ def anti_pattern_section(
         k = thrash_prefixes(pool_blocks(pair, study), study, prefix)
         patterns.append(
             (
-                f"thrash: {k} distinct prefixes (2x the pool), round robin",
+                f"{THRASH}: {k} distinct prefixes (2x the pool), round robin",
                 {"distinct_prefixes": k, "requests": 2 * k},
             )
         )

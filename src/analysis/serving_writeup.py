@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 
 from analysis import serving, serving_stats
-from analysis.serving_study import StudyParams
+from analysis.serving_study import THRASH, StudyParams
 
 
 @dataclass
@@ -163,7 +163,7 @@ THRASH_HIT_RATE = 0.05
 def thrash_line(facts: Facts, prefix: int) -> str | None:
     """The measured thrash case against one shared prefix and caching off (one client, the
     same prefix), or None when it was not run."""
-    name = next((p for p in facts.patterns if p.startswith("thrash")), None)
+    name = next((p for p in facts.patterns if p.startswith(THRASH)), None)
     if name is None:
         return None
     shared = facts.pattern_ttft.get("one shared prefix")
@@ -256,7 +256,7 @@ def decision_markdown(facts: Facts) -> str:
     )
     lines += ["", "### Caveats", ""]
     for pattern, rate in facts.patterns.items():
-        if not pattern.startswith("thrash"):  # the thrash case has its own line below
+        if not pattern.startswith(THRASH):  # the thrash case has its own line below
             lines.append(f"- {pattern}: hit rate {rate:.1%} (one client, {longest}-token prefix).")
     ratio, low, high = facts.overhead_at_zero
     verdict = "no cost beyond noise" if low <= 1 <= high else "a measurable difference"
@@ -349,7 +349,7 @@ def claims_table(facts: Facts) -> pd.DataFrame:
             "reproduced" if a["ttft"].below(b["ttft"]) else "not distinguishable",
         )
     for pattern, rate in facts.patterns.items():
-        if pattern.startswith("thrash"):
+        if pattern.startswith(THRASH):
             add(
                 f"003 anti-pattern: {pattern}",
                 f"hit rate {rate:.1%}; TTFT {facts.pattern_ttft[pattern].text()}",
