@@ -17,15 +17,15 @@ SLICE_REQUESTS = 2000  # requests the plain-Python kernels are timed on
 
 
 def main() -> dict[str, float]:
-    from analysis.paths import traces_dir
+    from analysis.platform.paths import traces_dir
 
     return run(traces_dir())
 
 
 def run(folder: Path) -> dict[str, float]:
     """Bench the traces in `folder` (multi_turn.parquet, and single_turn.parquet if there)."""
-    from analysis import bounds
-    from analysis.traces import load_trace
+    from analysis.data.traces import load_trace
+    from analysis.metrics import bounds
 
     path = Path(folder) / "multi_turn.parquet"
     if not path.is_file():
@@ -113,7 +113,7 @@ class Clock:
 
 
 def warm_up_kernels() -> None:
-    from analysis import bounds
+    from analysis.metrics import bounds
 
     index = bounds.index_trace([[1, 2, 3, 4], [1, 2, 3, 5]])
     bounds.capacity_curves(index, 2, [1], ["lru", "opt"], progress=False)
@@ -121,7 +121,7 @@ def warm_up_kernels() -> None:
 
 def time_plain_python(head) -> float:
     """The same kernels, compiled and as plain Python, on the first requests of the trace."""
-    from analysis import bounds
+    from analysis.metrics import bounds
 
     index = bounds.index_trace(head)
     keys = index.block_keys(BLOCK_SIZE)

@@ -1,7 +1,7 @@
 """The dtype choice: a bf16 and a float32 matmul timed in the same run, and what was chosen.
 
 The local random models run in bf16 only where the CPU computes bf16 natively
-(analysis.hardware); this shows why: on an AVX2-only CPU the bf16 matmul is ~150x slower.
+(analysis.platform.hardware); this shows why: on an AVX2-only CPU the bf16 matmul is ~150x slower.
 Shape 512x768 @ 768x2048: prefill-llama's MLP up-projection over 512 tokens (small enough
 that the slow bf16 case takes seconds, not minutes).
 """
@@ -37,7 +37,7 @@ def gflops(dtype_name: str) -> float:
 
 
 def main() -> dict[str, float]:
-    from analysis.hardware import choose_dtype, machine
+    from analysis.platform.hardware import choose_dtype, machine
 
     facts = machine()
     print(

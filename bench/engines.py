@@ -34,11 +34,11 @@ BASELINE_REV = "4dabc35"
 
 
 def _trace():
-    from analysis.paths import traces_dir
+    from analysis.platform.paths import traces_dir
 
     path = traces_dir() / "multi_turn.parquet"
     if path.is_file():
-        from analysis.traces import load_trace
+        from analysis.data.traces import load_trace
 
         return load_trace(path), str(path)
     from analysis.engines.synthetic import synthetic_trace
@@ -58,7 +58,8 @@ def _throughput(result) -> tuple[float, float, float]:
 
 
 def compare_on_sample(frame) -> dict[str, float]:
-    from analysis.engines import RunConfig, run
+    from analysis.engines import RunConfig
+    from analysis.runs import run
 
     config = RunConfig(
         trace="multi_turn",
@@ -130,8 +131,9 @@ def baseline_replay():
 
 def _whole_trace_run(frame, engine=None):
     """One whole-trace replay (with `engine`'s `run_replay` when given): (result, wall, CPU s)."""
-    from analysis.engines import RunConfig, run
+    from analysis.engines import RunConfig
     from analysis.engines import replay as replay_module
+    from analysis.runs import run
 
     config = RunConfig(
         trace="multi_turn",
@@ -163,7 +165,7 @@ def _folder_sizes(result) -> tuple[int, int]:
     import tempfile
     from pathlib import Path
 
-    from analysis.manifest import write_parquet
+    from analysis.platform.manifest import write_parquet
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = result.write(Path(tmp) / "result")

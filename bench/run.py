@@ -47,7 +47,7 @@ def main(argv: list[str]) -> int:
 
 def machine_line() -> str:
     """Cores, torch's CPU ISA and the local models' dtype: what the ratios depend on most."""
-    from analysis.hardware import choose_dtype, machine
+    from analysis.platform.hardware import choose_dtype, machine
 
     facts, choice = machine(), choose_dtype()
     return (

@@ -32,7 +32,7 @@ def _print(frame) -> None:
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     from analysis import serving
-    from analysis.paths import results_dir
+    from analysis.platform.paths import results_dir
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="default: prefill-llama (~155 M, CPU)")
@@ -108,9 +108,9 @@ def _matching_cost(count: int) -> dict[str, float]:
     """Token-level (radix tree) against block-hash prefix lookup on real trace prompts."""
     import pandas as pd
 
-    from analysis import prefix_match
-    from analysis.paths import traces_dir
-    from analysis.traces import load_trace
+    from analysis.data.traces import load_trace
+    from analysis.metrics import prefix_match
+    from analysis.platform.paths import traces_dir
 
     trace = load_trace(traces_dir() / "multi_turn.parquet")
     prompts = [list(map(int, ids)) for ids in trace["prompt_ids"].head(count)]

@@ -33,8 +33,8 @@ def _sample(points: list, count: int) -> list:
 
 
 def _requests(points: list, results: Path) -> int:
-    from analysis.manifest import read_json
-    from analysis.sweep import result_folder
+    from analysis.platform.manifest import read_json
+    from analysis.sweeps import result_folder
 
     return sum(
         read_json(result_folder(p, results) / "summary.json")["requests_finished"] for p in points
@@ -43,7 +43,7 @@ def _requests(points: list, results: Path) -> int:
 
 def _timed(points: list, workers: int) -> tuple[float, int]:
     """Seconds to run the points on a fresh local Ray instance of `workers` CPUs, requests."""
-    from analysis.executors import run_points
+    from analysis.sweeps.executors import run_points
 
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
@@ -54,16 +54,16 @@ def _timed(points: list, workers: int) -> tuple[float, int]:
 
 def _grid_seconds_measured(points: list) -> tuple[int, float]:
     """(finished points, sum of their run times) from the results already in data/results."""
-    from analysis.manifest import read_json
-    from analysis.sweep import is_done, result_folder
+    from analysis.platform.manifest import read_json
+    from analysis.sweeps import is_done, result_folder
 
     done = [result_folder(p) for p in points if is_done(p)]
     return len(done), sum(read_json(f / "manifest.json")["timings"]["total_s"] for f in done)
 
 
 def main() -> None:
-    from analysis.executors import import_ray
-    from analysis.sweep import grid_points, result_folder
+    from analysis.sweeps import grid_points, result_folder
+    from analysis.sweeps.executors import import_ray
 
     import_ray()
     points = grid_points(GRID)

@@ -17,10 +17,10 @@ NAIVE_SAMPLE = 1000  # conversations tokenised both ways for the ratio
 
 
 def main() -> dict[str, float]:
-    from analysis.chat_template import render
-    from analysis.sharegpt import load_conversations
-    from analysis.tokenizer import encode_texts, load_tokenizer
-    from analysis.traces import TraceOptions, build_traces
+    from analysis.data.chat_template import render
+    from analysis.data.sharegpt import load_conversations
+    from analysis.data.tokenizer import encode_texts, load_tokenizer
+    from analysis.data.traces import TraceOptions, build_traces
 
     print(f"usable CPUs: {len(os.sched_getaffinity(0))}, load average: {_load()}")
     tokenizer = load_tokenizer()

@@ -10,14 +10,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import bounds
-from analysis.blockhash import (
+from analysis.data.blockhash import (
     TOKEN_LIMIT,
     BlockHashError,
     blockhash_to_trace,
     load_blockhash_trace,
 )
-from analysis.traces import TRACE_COLUMNS
+from analysis.data.traces import TRACE_COLUMNS
+from analysis.metrics import bounds
 
 DATA = Path(__file__).parent / "data"
 MOONCAKE = DATA / "blockhash_mooncake.jsonl"  # 512-token blocks, timestamps in ms

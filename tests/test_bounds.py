@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import bounds
-from analysis.bounds import BoundsError, index_trace
+from analysis.metrics import bounds
+from analysis.metrics.bounds import BoundsError, index_trace
 
 
 def token_trace(prompts, responses=None, turns=None) -> pd.DataFrame:
@@ -353,7 +353,7 @@ def test_vllm_pool_is_lru_with_the_capacity_left_between_requests():
 
 def run_command(argv: list[str], capsys) -> tuple[int, str]:
     from analysis.commands import bounds as command
-    from analysis.errors import AnalysisError
+    from analysis.platform.errors import AnalysisError
 
     parser = argparse.ArgumentParser()
     command.configure(parser)
@@ -399,7 +399,7 @@ def test_importing_the_modules_stays_light():
     import sys
 
     code = (
-        "import sys, analysis.bounds, analysis.blockhash, analysis.commands.bounds; "
+        "import sys, analysis.metrics.bounds, analysis.data.blockhash, analysis.commands.bounds; "
         "print(sorted({'vllm', 'torch', 'numba'} & set(sys.modules)))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import bounds
+from analysis.metrics import bounds
 
 pytestmark = pytest.mark.engine
 
@@ -24,7 +24,8 @@ BLOCK = 16
 
 def replay_hits(trace: pd.DataFrame, num_blocks: int, max_model_len: int) -> np.ndarray:
     """Hit tokens of every request's first admission, requests run one after another."""
-    from analysis.engines import RunConfig, run
+    from analysis.engines import RunConfig
+    from analysis.runs import run
 
     config = RunConfig(
         engine="replay",
@@ -160,8 +161,8 @@ def _head_first_lru(keys: bounds.BlockKeys, capacity: int) -> list[int]:
 
 
 def test_on_real_sharegpt_turns_interleaved():
-    from analysis.sharegpt import load_conversations
-    from analysis.traces import TraceOptions, build_traces
+    from analysis.data.sharegpt import load_conversations
+    from analysis.data.traces import TraceOptions, build_traces
 
     conversations, _ = load_conversations(source="package", max_conversations=40, progress=False)
     options = TraceOptions(max_model_len=2048, max_conversations=40)
@@ -215,7 +216,7 @@ def test_replay_runs_a_synthesised_blockhash_trace():
     """Equal hash ids become equal token blocks: vLLM hits exactly what the hash ids predict."""
     from pathlib import Path
 
-    from analysis.blockhash import blockhash_to_trace, load_blockhash_trace
+    from analysis.data.blockhash import blockhash_to_trace, load_blockhash_trace
 
     frame, _ = load_blockhash_trace(Path(__file__).parent / "data" / "blockhash_qwen.jsonl", 16)
     trace = blockhash_to_trace(frame, BLOCK)

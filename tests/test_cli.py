@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 import analysis
-from analysis import cli, errors
-from analysis.experiments import prefix_hit_tokens, repeated_prompt_trace
+from analysis import cli
+from analysis.data.experiments import prefix_hit_tokens, repeated_prompt_trace
+from analysis.platform import errors
 
 
 def test_help_lists_every_command(capsys):
@@ -51,8 +52,12 @@ def test_only_the_entry_point_and_the_commands_import_the_cli():
 
 
 def test_core_errors_are_analysis_errors_and_keep_their_old_names():
-    from analysis import blockhash, bounds, loadgen, serving, sharegpt, sweep, tokenizer, traces
+    from analysis import serving
+    from analysis.data import blockhash, sharegpt, tokenizer, traces
     from analysis.engines import config
+    from analysis.metrics import bounds
+    from analysis.serving import loadgen
+    from analysis.sweeps import grid as sweep
 
     old_homes = {
         "ShareGPTSourceError": sharegpt,

@@ -136,7 +136,7 @@ def test_closed_loop_releases_next_turn_only_after_the_previous_one():
 
 # --------------------------------------------------------------------------- replay engine
 def run_replay(trace: pd.DataFrame, **changes) -> RunResult:
-    from analysis.engines import run
+    from analysis.runs import run
 
     config = RunConfig(trace="synthetic", engine="replay", **{**SMALL, **changes})
     return run(trace, config, progress=False)
@@ -162,7 +162,7 @@ def test_identical_prompts_hit_all_but_the_last_block(block_size):
     result = run_replay(trace, block_size=block_size, mode="closed-loop", concurrency=1)
     full = (length - 1) // block_size * block_size
     assert result.requests["cached_tokens"].tolist() == [0] + [full] * 5
-    from analysis import hitrates
+    from analysis.metrics import hitrates
 
     rates = hitrates.cumulative(result.admissions)["cumulative_rate"]
     expected = [(k - 1) * full / (k * length) for k in range(1, 7)]
@@ -268,9 +268,9 @@ def test_decode_fast_path_keeps_identical_requests_in_order():
 def test_a_trace_with_nothing_to_run_or_impossible_ids_is_refused(tmp_path, change, message):
     import pyarrow.parquet as pq
 
-    from analysis.engines.runner import run
-    from analysis.errors import TraceError
-    from analysis.traces import trace_table
+    from analysis.data.traces import trace_table
+    from analysis.platform.errors import TraceError
+    from analysis.runs.runner import run
 
     path = tmp_path / "bad.parquet"
     frame = change(synthetic_trace(3, turns=2, seed=12))
@@ -311,7 +311,7 @@ def test_result_round_trip_and_incomplete_folder(tmp_path):
 @pytest.mark.engine
 def test_cli_runs_once_then_reuses_and_forces(tmp_path, capsys):
     from analysis.cli import main
-    from analysis.traces import write_trace
+    from analysis.data.traces import write_trace
 
     trace_path = tmp_path / "tiny.parquet"
     write_trace(trace_path, synthetic_trace(5, seed=10))

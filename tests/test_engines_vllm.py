@@ -11,8 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.engines import RunConfig, RunResult, run
+from analysis.engines import RunConfig, RunResult
 from analysis.engines.synthetic import identical_requests, synthetic_trace
+from analysis.runs import run
 
 pytestmark = pytest.mark.engine
 
@@ -95,7 +96,7 @@ def test_identical_prompts_on_the_real_engine():
     real, replayed = both(trace, mode="closed-loop", concurrency=1, num_blocks=64)
     full = (length - 1) // block * block
     assert real.requests["cached_tokens"].tolist() == [0] + [full] * 5
-    from analysis import hitrates
+    from analysis.metrics import hitrates
 
     rates = hitrates.cumulative(real.admissions)["cumulative_rate"].to_numpy()
     np.testing.assert_allclose(rates, [(k - 1) * full / (k * length) for k in range(1, 7)])
@@ -113,8 +114,8 @@ def test_identical_prompts_on_the_real_engine():
 
 def test_real_sharegpt_sample_on_both_engines():
     """Real ShareGPT conversations, the real Llama 3.2 tokenizer and chat template."""
-    from analysis.sharegpt import load_conversations
-    from analysis.traces import TraceOptions, build_traces
+    from analysis.data.sharegpt import load_conversations
+    from analysis.data.traces import TraceOptions, build_traces
 
     conversations, _ = load_conversations(max_conversations=40, progress=False)
     multi = [c for c in conversations if sum(m.role == "user" for m in c.messages) >= 2][:5]

@@ -15,9 +15,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis import executors, sweep
 from analysis.engines import RunResult
 from analysis.engines.synthetic import synthetic_trace
+from analysis.sweeps import executors, sweep
 
 pytestmark = pytest.mark.engine
 
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.engine
 @pytest.fixture(scope="module")
 def grid(tmp_path_factory) -> Path:
     """A 4-point grid over a small synthetic trace: block sizes 16 and 32, two caches each."""
-    from analysis.traces import write_trace
+    from analysis.data.traces import write_trace
 
     folder = tmp_path_factory.mktemp("grid")
     trace = folder / "tiny.parquet"

@@ -11,7 +11,7 @@ import pytest
 
 from analysis.engines import RunConfig
 from analysis.engines.vllm_args import engine_kwargs, resolve_model
-from analysis.errors import ConfigError
+from analysis.platform.errors import ConfigError
 
 forced = pytest.importorskip("analysis.engines.forced")
 

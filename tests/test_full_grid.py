@@ -6,11 +6,12 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from analysis import sweep
+from analysis import sweeps
+from analysis.platform.errors import GridError
 
 
 def test_full_grid_runs_whole_traces_on_replay():
-    points = sweep.grid_points("full", block_budget=lambda config: 100_000)
+    points = sweeps.grid_points("full", block_budget=lambda config: 100_000)
     whole = [p for p in points if p.series != "engine-check"]
     assert {p.series for p in whole} == {"capacity", "concurrency", "block-size", "outputs"}
     assert all(p.config.limit is None and p.config.engine == "replay" for p in whole)
@@ -24,8 +25,8 @@ def test_full_grid_runs_whole_traces_on_replay():
 def test_sample_limit_and_words():
     whole = pd.DataFrame({"limit": [None, None]})
     first = pd.DataFrame({"limit": [500.0, 500.0]})  # a column with NaN elsewhere is float
-    assert sweep.sample_limit(whole) is None and sweep.sample_words(whole) == "all conversations"
-    assert sweep.sample_limit(first) == 500
-    assert sweep.sample_words(first) == "first 500 conversations"
-    with pytest.raises(sweep.GridError, match="rows mix samples"):
-        sweep.sample_limit(pd.DataFrame({"limit": [500, None]}))
+    assert sweeps.sample_limit(whole) is None and sweeps.sample_words(whole) == "all conversations"
+    assert sweeps.sample_limit(first) == 500
+    assert sweeps.sample_words(first) == "first 500 conversations"
+    with pytest.raises(GridError, match="rows mix samples"):
+        sweeps.sample_limit(pd.DataFrame({"limit": [500, None]}))

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from analysis.engines import RunConfig, run
+from analysis.engines import RunConfig
 from analysis.engines.synthetic import synthetic_trace
+from analysis.runs import run
 
 
 def _cuda_visible() -> bool:

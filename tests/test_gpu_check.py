@@ -8,7 +8,8 @@ import json
 import pandas as pd
 import pytest
 
-from analysis import cli, gpu_check
+from analysis import cli
+from analysis.serving import gpu_check
 
 
 def test_verdicts():

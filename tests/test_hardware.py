@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from analysis.engines.config import RunConfig, validate
-from analysis.errors import ConfigError
-from analysis.hardware import DTYPE_ENV, Machine, choose_dtype, machine
+from analysis.platform.errors import ConfigError
+from analysis.platform.hardware import DTYPE_ENV, Machine, choose_dtype, machine
 
 AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
@@ -112,8 +112,8 @@ def test_avx2_emulation_builds_a_float32_model(tmp_path: Path) -> None:
     env = {**os.environ, **AVX2_ENV, "PREFIX_CACHE_LAB_ROOT": str(tmp_path)}
     env.pop(DTYPE_ENV, None)
     code = (
-        "import json, torch; from analysis.models import ensure_random_llama; "
-        "from analysis.hardware import choose_dtype; "
+        "import json, torch; from analysis.models.local import ensure_random_llama; "
+        "from analysis.platform.hardware import choose_dtype; "
         "print(json.dumps([str(ensure_random_llama()), torch.backends.cpu.get_cpu_capability(),"
         " choose_dtype().reason]))"
     )
@@ -131,9 +131,9 @@ def test_avx2_emulation_builds_a_float32_model(tmp_path: Path) -> None:
 def test_folder_of_another_dtype_is_rebuilt(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from analysis.chat_template import DEFAULT
+    from analysis.data.chat_template import DEFAULT
     from analysis.engines.vllm_args import kv_bytes_per_block
-    from analysis.models import ensure_random_llama, folder_dtype
+    from analysis.models.local import ensure_random_llama, folder_dtype
 
     monkeypatch.setenv("PREFIX_CACHE_LAB_ROOT", str(tmp_path))
     folder = ensure_random_llama(dtype="bfloat16")
@@ -149,9 +149,10 @@ def test_folder_of_another_dtype_is_rebuilt(
 def test_vllm_is_told_the_folder_dtype(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """vLLM's dtype="auto" turns a float32 checkpoint into bf16: the folder's dtype is passed;
     where the CPU has no native bf16, every model runs in float32."""
-    from analysis import hardware, model_shapes
     from analysis.engines.vllm_args import engine_kwargs
-    from analysis.models import ensure_random_llama
+    from analysis.models import shapes as model_shapes
+    from analysis.models.local import ensure_random_llama
+    from analysis.platform import hardware
 
     monkeypatch.setenv("PREFIX_CACHE_LAB_ROOT", str(tmp_path))
     folder = str(ensure_random_llama(dtype="float32"))
@@ -173,8 +174,8 @@ def test_float32_engine_counts_equal_replay(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The real CPU engine with a float32 model caches exactly what replay says it caches."""
-    from analysis.engines import run
     from analysis.engines.synthetic import synthetic_trace
+    from analysis.runs import run
 
     monkeypatch.setenv("PREFIX_CACHE_LAB_ROOT", str(tmp_path))
     monkeypatch.setenv(DTYPE_ENV, "float32")  # as on a CPU without bf16, through the env path

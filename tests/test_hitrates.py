@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import hitrates
+from analysis.metrics import hitrates
 
 
 def admissions(rows: list[tuple[str, str, int, str, int, int, int]]) -> pd.DataFrame:
@@ -65,8 +65,9 @@ def test_vllm_scheduler_can_give_all_prefill_below_first_prefill():
     """16 requests sharing a 300-token prefix, all at once into 70 blocks: preempted requests
     come back after the prefix and their own blocks were evicted, and hit less than at first.
     The rates are checked against vLLM's own PrefixCacheStats, not against our tables."""
-    from analysis.engines import RunConfig, run
+    from analysis.engines import RunConfig
     from analysis.engines.synthetic import synthetic_trace
+    from analysis.runs import run
 
     trace = synthetic_trace(
         16, turns=1, user_tokens=(10, 40), reply_tokens=(60, 100), seed=0, shared_prefix=300

@@ -15,9 +15,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import loadgen
 from analysis.cli import CommandError
-from analysis.loadgen import RequestResult, RequestSpec
+from analysis.serving import loadgen
+from analysis.serving.loadgen import RequestResult, RequestSpec
 
 # ---------------------------------------------------------------------------- workloads
 
@@ -173,8 +173,8 @@ def test_sharegpt_workload_without_usable_conversation_is_a_clear_error(tmp_path
 
 
 def test_sharegpt_workload_from_real_conversations_extends_each_prompt():
-    from analysis.sharegpt import load_conversations
-    from analysis.traces import TraceOptions, build_traces
+    from analysis.data.sharegpt import load_conversations
+    from analysis.data.traces import TraceOptions, build_traces
 
     conversations, _ = load_conversations(max_conversations=40)
     trace = build_traces(conversations, TraceOptions(max_model_len=4096), progress=False).multi

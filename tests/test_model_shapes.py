@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from analysis import model_shapes
-from analysis.chat_template import DEFAULT
-from analysis.engines import RunConfig, run
+from analysis.data.chat_template import DEFAULT
+from analysis.engines import RunConfig
 from analysis.engines.synthetic import synthetic_trace
 from analysis.engines.vllm_args import engine_kwargs, resolve_model, weights_note
+from analysis.models import shapes as model_shapes
+from analysis.runs import run
 
 
 @pytest.fixture

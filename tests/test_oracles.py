@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import oracles
-from analysis.bounds import ideal_bound
+from analysis.metrics import oracles
+from analysis.metrics.bounds import ideal_bound
 
 
 def test_checks_table_passes_and_fails():
@@ -46,8 +46,8 @@ def test_brute_force_equals_the_ideal_bound_on_real_traces(tmp_path):
     """Two independent computations of the infinite-cache hits agree on real ShareGPT turns
     (the packaged ShareGPT, the real tokenizer and template; built here, so that the test
     never depends on another one having built data/traces first)."""
-    from analysis.sharegpt import load_conversations
-    from analysis.traces import TraceOptions, build_traces
+    from analysis.data.sharegpt import load_conversations
+    from analysis.data.traces import TraceOptions, build_traces
 
     conversations, _ = load_conversations(source="package", max_conversations=120, progress=False)
     trace = build_traces(conversations, TraceOptions(), progress=False).multi.head(300)

@@ -13,7 +13,8 @@ import pandas as pd
 import pytest
 from matplotlib.colors import to_rgba
 
-from analysis import bounds, plots
+from analysis import plots
+from analysis.metrics import bounds
 from analysis.plots import bounds as bounds_plots
 
 BLOCK = 4

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from analysis import progress
-from analysis.report import progress_noise
+from analysis.platform import progress
+from analysis.report.notebooks import progress_noise
 
 
 def test_bar_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -58,7 +58,7 @@ def test_vllm_start_up_warnings_go_to_the_log_file_not_stderr(tmp_path: Path) ->
     """A real vLLM config build at block 16 on the CPU warns that the CPU backend prefers
     multiples of 32: that line must land in vLLM's log file, and stderr must stay clean."""
     code = (
-        "from analysis.engine_logs import log_path\n"
+        "from analysis.platform.engine_logs import log_path\n"
         "from analysis.engines.config import RunConfig\n"
         "from analysis.engines.replay import build_replay_engine\n"
         "from analysis.engines.vllm_args import resolve_model\n"

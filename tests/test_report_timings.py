@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from analysis import report_timings as timings
-from analysis.report import report_notebooks
+from analysis.report import timings
+from analysis.report.notebooks import report_notebooks
 
 REPO_NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
@@ -75,7 +75,7 @@ def test_every_committed_notebook_states_a_run_time(monkeypatch: pytest.MonkeyPa
 
 
 def test_format_seconds_carries_rounded_minutes():
-    from analysis.report_timings import format_seconds
+    from analysis.report.timings import format_seconds
 
     assert format_seconds(659.7) == "11m00s"
     assert format_seconds(125) == "2m05s"

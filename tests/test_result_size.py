@@ -1,5 +1,5 @@
-"""Results that scale: block events kept as exact aggregates (`analysis.blockstats`), in full
-only when asked for, and the replay hot path's savings changing no count."""
+"""Results that scale: block events kept as exact aggregates (`analysis.engines.blockstats`), in
+full only when asked for, and the replay hot path's savings changing no count."""
 
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import hitrates
-from analysis.blockstats import BlockStats, describe_counts
 from analysis.engines import RunConfig, RunResult
+from analysis.engines.blockstats import BlockStats, describe_counts
 from analysis.engines.synthetic import synthetic_trace
+from analysis.metrics import hitrates
 
 SMALL = {"block_size": 16, "max_model_len": 2048}
 
 
 def run_replay(trace: pd.DataFrame, **changes) -> RunResult:
-    from analysis.engines import run
+    from analysis.runs import run
 
     config = RunConfig(trace="synthetic", engine="replay", **{**SMALL, **changes})
     return run(trace, config, progress=False)
@@ -27,7 +27,7 @@ def test_quantiles_from_counts_are_numpys(seed):
     rng = np.random.default_rng(seed)
     values = rng.geometric(0.01, size=rng.integers(1, 3000)).astype(np.int64)
     distinct, counts = np.unique(values, return_counts=True)
-    from analysis.hitrates import _describe
+    from analysis.metrics.hitrates import _describe
 
     assert describe_counts(pd.Series(counts, index=distinct)) == _describe(values.astype(float))
 

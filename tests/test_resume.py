@@ -15,9 +15,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis import paths
+from analysis.data.traces import write_trace
 from analysis.engines.synthetic import synthetic_trace
-from analysis.traces import write_trace
+from analysis.platform import paths
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 BLOCKS = (200, 300, 400)
@@ -177,7 +177,8 @@ for _ in range(40):
 
 @pytest.mark.engine
 def test_two_processes_writing_one_result_folder_leave_one_whole_result(tmp_path):
-    from analysis.engines import RunConfig, RunResult, run
+    from analysis.engines import RunConfig, RunResult
+    from analysis.runs import run
 
     config = RunConfig(
         trace="synthetic", engine="replay", block_size=16, num_blocks=300, max_model_len=2048
@@ -230,7 +231,8 @@ result.write(pathlib.Path(target))
 
 @pytest.mark.engine
 def test_a_writer_paused_mid_swap_does_not_break_another(tmp_path):
-    from analysis.engines import RunConfig, RunResult, run
+    from analysis.engines import RunConfig, RunResult
+    from analysis.runs import run
 
     config = RunConfig(
         trace="synthetic", engine="replay", block_size=16, num_blocks=300, max_model_len=2048
@@ -314,8 +316,9 @@ def test_two_processes_saving_figures_into_one_folder_lose_no_caption(tmp_path):
     ],
 )
 def test_a_damaged_result_is_a_one_line_error_naming_the_file(tmp_path, part, damage):
-    from analysis.engines import RunConfig, RunResult, run
-    from analysis.errors import ResultError
+    from analysis.engines import RunConfig, RunResult
+    from analysis.platform.errors import ResultError
+    from analysis.runs import run
 
     config = RunConfig(
         trace="synthetic", engine="replay", block_size=16, num_blocks=300, max_model_len=2048
@@ -334,7 +337,7 @@ def test_two_processes_building_the_local_model_at_once_both_get_it(tmp_path: Pa
     Before the lock, the second one's build removed the first one's staging folder
     (FileNotFoundError on spec.json)."""
     code = (
-        "from analysis.models import ensure_random_llama\n"
+        "from analysis.models.local import ensure_random_llama\n"
         "print(ensure_random_llama(dtype='float32'))\n"
     )
     env = {**os.environ, "PREFIX_CACHE_LAB_ROOT": str(tmp_path), "PYTHONPATH": str(SRC)}

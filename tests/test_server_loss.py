@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from analysis import serving
-from analysis.errors import AnalysisError, ServerLostError
+from analysis.platform.errors import AnalysisError, ServerLostError
 
 pytestmark = pytest.mark.engine
 

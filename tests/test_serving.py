@@ -22,9 +22,8 @@ import pandas as pd
 import psutil
 import pytest
 
-from analysis import loadgen, serving
-from analysis import serving_study as study
-from analysis.serving import RunKey, ServerConfig, ServerStartError, VllmServer
+from analysis import serving
+from analysis.serving import RunKey, ServerConfig, ServerStartError, VllmServer, loadgen, study
 
 FAKE_SERVER = textwrap.dedent(
     """\
@@ -363,8 +362,8 @@ def tiny_model() -> str:
 
 
 def _small_sharegpt_trace():
-    from analysis.sharegpt import load_conversations
-    from analysis.traces import TraceOptions, build_traces
+    from analysis.data.sharegpt import load_conversations
+    from analysis.data.traces import TraceOptions, build_traces
 
     conversations, _ = load_conversations(max_conversations=60)
     options = TraceOptions(max_model_len=2048, min_turns=2)

@@ -6,7 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import prefix_match, serving_stats
+from analysis.metrics import prefix_match
+from analysis.serving import stats as serving_stats
 
 
 def _requests(ttfts_by_repeat, cached=None, prompt=1000):
@@ -120,8 +121,8 @@ def test_block_hash_index_matches_whole_blocks_only():
 
 
 def test_a_sweep_whose_0_percent_ratio_is_far_from_1_is_flagged_as_disturbed():
-    from analysis import serving_writeup
-    from analysis.serving_study import StudyParams
+    from analysis.serving import writeup as serving_writeup
+    from analysis.serving.study import StudyParams
 
     quiet = serving_writeup.Facts(StudyParams(), overhead_at_zero=(0.97, 0.9, 1.05))
     loaded = serving_writeup.Facts(StudyParams(), overhead_at_zero=(8.3, 5.0, 11.6))

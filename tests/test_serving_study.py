@@ -8,8 +8,8 @@ import math
 import pytest
 
 from analysis import cli
-from analysis import serving_study as study
-from analysis.paths import figures_dir, repo_root
+from analysis.platform.paths import figures_dir, repo_root
+from analysis.serving import study
 
 
 def test_the_cpu_study_set_samples_at_decision_grade():
@@ -49,7 +49,7 @@ def test_a_study_keeps_its_figures_apart(monkeypatch):
 
 
 def test_the_write_up_quotes_a_measured_thrash_case_once():
-    from analysis import serving_writeup as w
+    from analysis.serving import writeup as w
 
     thrash = "thrash: 43 distinct prefixes (2x the pool), round robin"
     facts = w.Facts(study.params("cpu-study"))

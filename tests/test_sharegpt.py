@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.errors import AnalysisError
-from analysis.sharegpt import (
+from analysis.data.sharegpt import (
     Conversation,
     LoadReport,
     Message,
@@ -19,6 +18,7 @@ from analysis.sharegpt import (
     load_conversations,
     packaged_dataset_path,
 )
+from analysis.platform.errors import AnalysisError
 
 
 def turn(role: str, text: str) -> dict:
@@ -421,7 +421,7 @@ def test_hub_without_network_fails_at_once(monkeypatch, tmp_path) -> None:
 
 def test_importing_the_module_stays_light() -> None:
     code = (
-        "import sys, analysis.sharegpt; "
+        "import sys, analysis.data.sharegpt; "
         "print(sorted(m for m in ('vllm', 'torch', 'pandas') if m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from analysis import sweep
+from analysis import sweeps
+from analysis.platform.errors import GridError
 
 
 def write_grid(tmp_path, text: str):
@@ -14,13 +15,13 @@ def write_grid(tmp_path, text: str):
 
 
 def test_log_spaced_blocks_keep_both_ends_and_grow():
-    counts = sweep.log_spaced_blocks(513, 99_336, 8)
+    counts = sweeps.log_spaced_blocks(513, 99_336, 8)
     assert counts[0] == 513 and counts[-1] == 99_336
     assert counts == sorted(set(counts)) and len(counts) == 8
 
 
 def test_log_spaced_blocks_with_no_room_gives_the_minimum():
-    assert sweep.log_spaced_blocks(513, 400, 8) == [513]
+    assert sweeps.log_spaced_blocks(513, 400, 8) == [513]
 
 
 def test_grid_crosses_every_list_field(tmp_path):
@@ -38,7 +39,7 @@ num_blocks = "log:3"
 concurrency = [1, 8]
 """,
     )
-    points = sweep.grid_points(path, block_budget=lambda config: 4000)
+    points = sweeps.grid_points(path, block_budget=lambda config: 4000)
     assert len(points) == 2 * 2 * 2 * 3
     ids = {p.point_id for p in points}
     assert len(ids) == len(points)
@@ -60,7 +61,7 @@ block_sizes = [8]
 num_blocks = "max"
 """,
     )
-    (point,) = sweep.grid_points(path, block_budget=lambda config: 12345)
+    (point,) = sweeps.grid_points(path, block_budget=lambda config: 12345)
     assert point.config.num_blocks == 12345
 
 
@@ -83,19 +84,19 @@ num_blocks = "max"
     ],
 )
 def test_bad_grids_say_what_is_wrong(tmp_path, body, message):
-    with pytest.raises(sweep.GridError, match=message):
-        sweep.grid_points(write_grid(tmp_path, body), block_budget=lambda config: 4000)
+    with pytest.raises(GridError, match=message):
+        sweeps.grid_points(write_grid(tmp_path, body), block_budget=lambda config: 4000)
 
 
 def test_unknown_grid_name_lists_the_known_ones():
-    with pytest.raises(sweep.GridError, match="default"):
-        sweep.grid_path("no-such-grid")
+    with pytest.raises(GridError, match="default"):
+        sweeps.grid_path("no-such-grid")
 
 
 def test_committed_grids_expand():
-    points = sweep.grid_points("default", block_budget=lambda config: 100_000)
+    points = sweeps.grid_points("default", block_budget=lambda config: 100_000)
     series = {p.series for p in points}
     assert {"capacity", "engine-check", "concurrency", "outputs", "block-size"} <= series
     assert all(p.config.num_blocks >= p.config.min_num_blocks for p in points)
-    gpu = sweep.grid_points("gpu", block_budget=lambda config: 100_000)
+    gpu = sweeps.grid_points("gpu", block_budget=lambda config: 100_000)
     assert any(p.config.device == "cuda" for p in gpu)

@@ -7,10 +7,9 @@ import shutil
 import numpy as np
 import pytest
 
-from analysis.chat_template import header, message_body
-from analysis.errors import AnalysisError
-from analysis.sharegpt import load_conversations
-from analysis.tokenizer import (
+from analysis.data.chat_template import header, message_body
+from analysis.data.sharegpt import load_conversations
+from analysis.data.tokenizer import (
     DEFAULT_TOKENIZER,
     TokenizerUnavailable,
     encode_texts,
@@ -19,6 +18,7 @@ from analysis.tokenizer import (
     tokenizer_file,
     tokenizer_source,
 )
+from analysis.platform.errors import AnalysisError
 
 
 @pytest.fixture(scope="module")

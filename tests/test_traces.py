@@ -13,13 +13,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from analysis.chat_template import LLAMA32_CHAT_TEMPLATE, ChatTemplate, header, message_body, render
 from analysis.commands import traces as traces_command
-from analysis.errors import AnalysisError
-from analysis.manifest import file_sha256
-from analysis.sharegpt import Conversation, Message, load_conversations
-from analysis.tokenizer import load_tokenizer, packaged_tokenizer_file
-from analysis.traces import (
+from analysis.data.chat_template import (
+    LLAMA32_CHAT_TEMPLATE,
+    ChatTemplate,
+    header,
+    message_body,
+    render,
+)
+from analysis.data.sharegpt import Conversation, Message, load_conversations
+from analysis.data.tokenizer import load_tokenizer, packaged_tokenizer_file
+from analysis.data.traces import (
     TRACE_COLUMNS,
     TraceError,
     TraceOptions,
@@ -31,6 +35,8 @@ from analysis.traces import (
     trace_stats,
     trace_table,
 )
+from analysis.platform.errors import AnalysisError
+from analysis.platform.manifest import file_sha256
 
 EOT_ID = 128_009
 BOS_ID = 128_000

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from analysis.vllm_compat import guard_llvmlite_against_vllm_scan
+from analysis.platform.vllm_compat import guard_llvmlite_against_vllm_scan
 
 
 def test_guard_makes_llvmlite_lib_refuse_dunder_attributes():

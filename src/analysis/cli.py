@@ -6,7 +6,7 @@ import argparse
 import importlib
 import sys
 
-from analysis.errors import AnalysisError
+from analysis.platform.errors import AnalysisError
 
 # command name -> (module under analysis.commands, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-# The name the command modules used before the errors moved to analysis.errors.
+# The name the command modules used before the errors moved to analysis.platform.errors.
 CommandError = AnalysisError
 
 

@@ -1,6 +1,6 @@
 """`python -m analysis bounds`: ideal, LRU and optimal hit rates of a trace, without an engine.
 
-The trace is a Parquet trace from `analysis.traces` or a block-hash JSONL file (Mooncake,
+The trace is a Parquet trace from `analysis.data.traces` or a block-hash JSONL file (Mooncake,
 Qwen/Bailian). Capacities are in blocks; for the `vllm` policy a capacity is vLLM's num_blocks.
 """
 
@@ -65,7 +65,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from analysis.errors import UsageError
+    from analysis.platform.errors import UsageError
 
     try:
         result = compute(args)
@@ -82,7 +82,7 @@ def compute(args: argparse.Namespace) -> dict[str, Any]:
     """Every number the command prints, as one dictionary."""
     import pandas as pd
 
-    from analysis import bounds
+    from analysis.metrics import bounds
 
     started = time.perf_counter()
     path = Path(args.trace)
@@ -94,7 +94,7 @@ def compute(args: argparse.Namespace) -> dict[str, Any]:
                 "a block-hash trace needs --block-size: its own block size (512 for Mooncake, "
                 "16 for the Qwen traces)"
             )
-        from analysis.blockhash import load_blockhash_trace
+        from analysis.data.blockhash import load_blockhash_trace
 
         frame, report = load_blockhash_trace(
             path, args.block_size, timestamp_unit=args.timestamp_unit
@@ -160,7 +160,7 @@ def _read_parquet_trace(path: Path) -> Any:
     if not path.is_file():
         raise FileNotFoundError(f"no trace at {path}: build it with `python -m analysis traces`")
     try:
-        from analysis.traces import load_trace
+        from analysis.data.traces import load_trace
     except ImportError:  # reading a finished trace needs only pandas
         import pandas as pd
 
@@ -187,7 +187,7 @@ def _json_safe(value: Any) -> Any:
 def _as_text(result: dict[str, Any]) -> str:
     lines = []
     if "import" in result:
-        from analysis.blockhash import ImportReport
+        from analysis.data.blockhash import ImportReport
 
         lines.append(ImportReport(**result["import"]).summary())
     share = result["multi_turn_hit_share"]

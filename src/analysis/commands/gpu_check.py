@@ -22,6 +22,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from analysis.gpu_check import check
+    from analysis.serving.gpu_check import check
 
     return check(args.results_dir, timing=not args.no_timing, only=args.points)

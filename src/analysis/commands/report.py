@@ -1,7 +1,7 @@
 """`python -m analysis report`: execute the committed notebooks in order, then the HTML report.
 
 Each notebook and the HTML export are timed; at the end the per-stage table (with the stages
-`make report` ran before, see `analysis.report_timings`) is printed and kept in
+`make report` ran before, see `analysis.report.timings`) is printed and kept in
 `reports/timings.json`. `--begin [--setup-seconds S]`, `--stage NAME --run CMD` and
 `--estimate` are the steps the Makefile uses to time and announce its own stages.
 """
@@ -48,10 +48,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from analysis import report_timings as timings
-    from analysis.errors import UsageError
-    from analysis.progress import interactive
-    from analysis.report import execute, progress_noise, report_notebooks, to_html
+    from analysis.platform.errors import UsageError
+    from analysis.platform.progress import interactive
+    from analysis.report import timings
+    from analysis.report.notebooks import execute, progress_noise, report_notebooks, to_html
 
     if args.begin:
         timings.begin()
@@ -99,11 +99,11 @@ def run_study(profile: str, prefixes: list[str]) -> int:
     """Execute the chosen serving notebooks with `profile` into figures/<profile>/: the
     executed notebooks, their figures and captions; the per-request rows are cached under
     data/results/serving/ as for any run, so a second call re-plots without measuring."""
-    from analysis import serving_study
-    from analysis.errors import UsageError
-    from analysis.paths import figures_dir
-    from analysis.progress import interactive
-    from analysis.report import execute, report_notebooks
+    from analysis.platform.errors import UsageError
+    from analysis.platform.paths import figures_dir
+    from analysis.platform.progress import interactive
+    from analysis.report.notebooks import execute, report_notebooks
+    from analysis.serving import study as serving_study
 
     try:
         serving_study.params(profile)

@@ -26,7 +26,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         OUTPUTS,
         RunConfig,
     )
-    from analysis.hardware import DTYPES
+    from analysis.platform.hardware import DTYPES
 
     d = RunConfig()
     parser.add_argument(
@@ -121,7 +121,7 @@ def config_from_args(args: argparse.Namespace):
 
 
 def main(args: argparse.Namespace) -> int:
-    from analysis.engines import run_and_write
+    from analysis.runs import run_and_write
 
     config = config_from_args(args)
     folder, result = run_and_write(

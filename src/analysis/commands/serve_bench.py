@@ -145,7 +145,7 @@ def _run_serving(args: argparse.Namespace) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from analysis.errors import UsageError
+    from analysis.platform.errors import UsageError
 
     try:
         if args.workload == "prefix-sweep":

@@ -9,7 +9,7 @@
 executed with the point's parameters, into reports/runs/<grid>/<point>.ipynb. A point whose
 result is complete is not computed again unless --force; its notebook only shows it.
 
-Executors (`analysis.executors`): `local` runs the points here, one after the other (with
+Executors (`analysis.sweeps.executors`): `local` runs the points here, one after the other (with
 --workers N, in N processes of this machine, e.g. `--workers $(nproc)`); `ray`
 runs one task per point on the Ray cluster at RAY_ADDRESS, or on a Ray instance started
 here with --workers CPUs. Either way an interrupted sweep resumes where it stopped.
@@ -41,14 +41,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from analysis.executors import run_points
-    from analysis.sweep import (
-        find_point,
-        grid_points,
-        is_done,
-        result_folder,
-        run_point_notebook,
-    )
+    from analysis.report.notebooks import run_point_notebook
+    from analysis.sweeps.executors import run_points
+    from analysis.sweeps.grid import find_point, grid_points, is_done, result_folder
 
     points = grid_points(args.grid)  # GridError, ConfigError: printed as one line by the CLI
     if args.list:

@@ -65,9 +65,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from analysis.errors import UsageError
-    from analysis.paths import traces_dir
-    from analysis.traces import TraceOptions, ensure_traces
+    from analysis.data.traces import TraceOptions, ensure_traces
+    from analysis.platform.errors import UsageError
+    from analysis.platform.paths import traces_dir
 
     try:
         options = TraceOptions(

@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from analysis.errors import ConfigError
-from analysis.hardware import DTYPES
+from analysis.platform.errors import ConfigError
+from analysis.platform.hardware import DTYPES
 
 ENGINES = ("replay", "vllm")
 MODES = ("batch", "closed-loop")
@@ -30,7 +30,7 @@ LONG_PROMPTS = ("skip", "error")
 BLOCK_EVENTS = ("aggregate", "full")
 # The CPU attention backend only takes block sizes that are multiples of this.
 CPU_BLOCK_MULTIPLE = 32
-# The local random model's context (analysis.models.TINY.max_position_embeddings).
+# The local random model's context (analysis.models.local.TINY.max_position_embeddings).
 TINY_MAX_MODEL_LEN = 8192
 
 
@@ -58,7 +58,7 @@ class RunConfig:
     long_prompts: str = "skip"  # prompts >= max_model_len: "skip" (counted) or "error"
     fast_path: bool = True  # replay: do trivial decode steps outside vLLM (same results)
     # Weights and KV dtype: None = the local model's by CPU capability (bf16 where native,
-    # else float32; analysis.hardware.choose_dtype); "bfloat16" or "float32" forces it.
+    # else float32; analysis.platform.hardware.choose_dtype); "bfloat16" or "float32" forces it.
     dtype: str | None = None
     block_events: str = "aggregate"  # write "aggregate"s of the block events, or "full" rows
 

@@ -26,7 +26,7 @@ import torch
 from vllm.sampling_params import SamplingParams
 from vllm.v1.sample.logits_processor import AdapterLogitsProcessor
 
-from analysis.errors import ConfigError
+from analysis.platform.errors import ConfigError
 
 FORCED_KEY = "forced_token_ids"
 LOGITS_PROCESSOR = "logits-processor"

@@ -44,7 +44,7 @@ from analysis.engines.config import RunConfig
 from analysis.engines.recorder import Recorder
 from analysis.engines.vllm_args import engine_kwargs, model_shape
 from analysis.engines.workload import Arrivals, Workload
-from analysis.manifest import gc_paused
+from analysis.platform.manifest import gc_paused
 
 
 @dataclass

@@ -10,7 +10,7 @@ Folder `data/results/<config_id>/`:
   admission, preemptions, admissions, submit / first-token / finish steps, TTFT where measured
   (real engine only), and the generated token ids when they are not the workload's outputs.
 - `block_stats.parquet`: the block events' exact aggregates the figures read (events per
-  kind, hits per block, reuse gaps in steps; `analysis.blockstats`). A few kB whatever the
+  kind, hits per block, reuse gaps in steps; `analysis.engines.blockstats`). A few kB whatever the
   run's length.
 - `block_events.parquet`, only with `RunConfig.block_events = "full"`: one row per stored /
   hit / evicted block (block hash as the hex of its first 64 bits, block id, request, step,
@@ -18,7 +18,7 @@ Folder `data/results/<config_id>/`:
   are kept only in memory, in the `RunResult` that `run()` returns.
 - `counters.json`: the exported counters (`vllm:prefix_cache_queries`, ...), the summed
   `PrefixCacheStats` including the hidden preempted_* fields, and where each came from.
-- `summary.json`: the headline numbers (analysis.hitrates.summarize).
+- `summary.json`: the headline numbers (analysis.metrics.hitrates.summarize).
 - `manifest.json`: config, trace hash, versions, git commit, timings. Written last: a folder
   without it is an incomplete run. The whole folder is built under a temporary name and
   renamed into place at the end, so an interrupted run leaves nothing that looks complete.
@@ -42,10 +42,10 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.blockstats import BlockStats
+from analysis.engines.blockstats import BlockStats
 from analysis.engines.config import RunConfig
-from analysis.errors import ResultError
-from analysis.manifest import lock_beside, read_json, write_json, write_parquet
+from analysis.platform.errors import ResultError
+from analysis.platform.manifest import lock_beside, read_json, write_json, write_parquet
 
 TABLES = ("admissions", "requests", "block_stats")
 OPTIONAL_TABLES = ("block_events",)

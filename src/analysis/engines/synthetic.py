@@ -2,7 +2,7 @@
 
 Token ids are random below 128000 (plain text ids of the Llama 3 vocabulary). In a multi-turn
 conversation, prompt[k] + response[k] is a prefix of prompt[k+1], as in traces built from
-ShareGPT. Real traces come from `analysis.traces`; these only exercise the engines.
+ShareGPT. Real traces come from `analysis.data.traces`; these only exercise the engines.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def synthetic_trace(
     seed: int = 0,
     shared_prefix: int = 0,
 ) -> pd.DataFrame:
-    """A trace frame (columns of analysis.traces) of random multi-turn conversations.
+    """A trace frame (columns of analysis.data.traces) of random multi-turn conversations.
 
     `turns`, `user_tokens`, `reply_tokens` are fixed values or inclusive (low, high) ranges.
     `shared_prefix` tokens (a common system prompt) start every conversation.

@@ -7,7 +7,7 @@
   closed-loop client's next turn arrives at the same step boundary in both engines.
 - `disable_log_stats=False`: the stat loggers (and so the exported counters) are on.
 
-A registered shape (analysis.model_shapes, e.g. `llama-3.1-8b`) is a real architecture with
+A registered shape (analysis.models.shapes, e.g. `llama-3.1-8b`) is a real architecture with
 random weights: its folder is written on first use and vLLM loads it with `load_format="dummy"`.
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.engines.config import RunConfig
-from analysis.models import vllm_dtype
+from analysis.models.local import vllm_dtype
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
@@ -26,14 +26,14 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 def resolve_model(config: RunConfig) -> str:
     """The model folder or name: the local random Llama (built on first use, in
     `config.dtype` or the dtype the CPU computes natively) by default, a registered shape's
-    folder (analysis.model_shapes, written on first use) for a shape name."""
-    from analysis import model_shapes
+    folder (analysis.models.shapes, written on first use) for a shape name."""
+    from analysis.models import shapes as model_shapes
 
     if model_shapes.is_shape(config.model):
         return str(model_shapes.materialise(config.model))
     if config.model is not None:
         return config.model
-    from analysis.models import TINY, ensure_random_llama
+    from analysis.models.local import TINY, ensure_random_llama
 
     return str(ensure_random_llama(TINY, config.dtype))
 
@@ -66,7 +66,7 @@ def engine_kwargs(config: RunConfig, model: str) -> dict[str, Any]:
 
 def kwargs_load_format(config: RunConfig, model: str) -> str | None:
     """ "dummy" (random weights) for a registered shape, else None (vLLM's own default)."""
-    from analysis.model_shapes import load_format
+    from analysis.models.shapes import load_format
 
     return load_format(config.model) or load_format(model)
 

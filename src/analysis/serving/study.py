@@ -1,0 +1,362 @@
+"""The serving study of notebooks 08, 10, 11 and 12: one place that builds their benchmark
+configurations, so that the decision write-up (12) finds the very runs the others cached.
+
+Parameter sets: `cpu` (the default: the local random ~155 M `prefill-llama`, small grids,
+request counts sized by a calibration to fit a stated budget) and `gpu` (a real architecture
+with random weights, larger grids). A notebook passes its papermill parameters as overrides.
+
+Sizing: `plan` measures the caching-off server's speed once (prefill tokens/s, decode step;
+cached per server under data/results/serving/) and picks the measured requests per repeat so
+that the notebook's cells fit `budget_s` by that estimate, between `min_requests` and
+`max_requests`; request timeouts scale with the same estimate (a timeout is counted in the
+run's `n_timeout` and notes, never fatal).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from analysis import serving
+
+MIB = 1 << 20
+THRASH = "thrash"  # the label the thrash anti-pattern starts with
+
+
+@dataclass(frozen=True)
+class StudyParams:
+    """What a serving notebook may change (papermill parameters override these)."""
+
+    model: str | None = None  # None: "prefill-llama" (CPU); a folder or name on a GPU
+    load_format: str | None = None  # "dummy": the architecture with random weights
+    prefixes: tuple[int, ...] = (0, 256, 1024)  # shared prefix lengths (tokens)
+    concurrency: tuple[int, ...] = (1, 8)  # closed-loop clients
+    suffix_tokens: int = 24
+    output_tokens: int = 4
+    repeats: int = 3
+    budget_s: float = 40.0  # measurement time per notebook section, by the calibration
+    min_requests: int = 4
+    max_requests: int = 32
+    conversations_max: int = 16  # ShareGPT: conversations per repeat at most
+    max_turns: int = 4
+    sharegpt_concurrency: int = 4
+    dilution_prefix: int = 1024
+    eligible_shares: tuple[float, ...] = (0.5,)
+    thrash: bool = False  # anti-patterns: also a prefix set twice the KV pool (~20 s in bf16)
+    block_size: int = 32
+    max_model_len: int = 2048
+    kv_cache_memory_bytes: int | None = 512 * MIB
+    gpu_memory_utilization: float | None = None
+    enforce_eager: bool = True
+
+    def bench(self, **changes: Any) -> serving.ServingBenchConfig:
+        """A benchmark config with these server flags (the same for every section, so one
+        server pair serves a whole notebook)."""
+        base = serving.ServingBenchConfig(
+            model=self.model,
+            load_format=self.load_format,
+            prefixes=self.prefixes,
+            concurrency=self.concurrency,
+            suffix_tokens=self.suffix_tokens,
+            output_tokens=self.output_tokens,
+            repeats=self.repeats,
+            max_turns=self.max_turns,
+            block_size=self.block_size,
+            max_model_len=self.max_model_len,
+            kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            enforce_eager=self.enforce_eager,
+        )
+        return dataclasses.replace(base, **changes)
+
+
+PROFILES: dict[str, dict[str, Any]] = {
+    "cpu": {},
+    # The same CPU model and servers at decision grade: concurrency up to 32, 96 measured
+    # requests per repeat (288 per cell; three waves of the 32 clients, so that a cell is a
+    # steady state, not one burst), and the thrash case.
+    "cpu-study": {
+        "concurrency": (1, 8, 16, 32),
+        "budget_s": 1800.0,
+        "min_requests": 96,
+        "max_requests": 96,
+        "thrash": True,
+    },
+    "gpu": {
+        "model": "llama-3.1-8b",
+        "load_format": "dummy",
+        "prefixes": (0, 256, 512, 1024, 2048),
+        "concurrency": (1, 8, 16, 32, 64),
+        "output_tokens": 32,
+        "budget_s": 300.0,
+        "min_requests": 32,
+        "max_requests": 128,
+        "conversations_max": 64,
+        "sharegpt_concurrency": 16,
+        "eligible_shares": (0.25, 0.5, 0.75),
+        "max_model_len": 4096,
+        "kv_cache_memory_bytes": None,
+        "gpu_memory_utilization": 0.85,
+        "enforce_eager": False,
+        "thrash": True,
+    },
+}
+
+
+def params(profile: str = "cpu", **overrides: Any) -> StudyParams:
+    """The parameter set `profile` with the notebook's overrides (None values are ignored,
+    lists become tuples)."""
+    if profile not in PROFILES:
+        raise ValueError(f"profile must be one of {sorted(PROFILES)}, got {profile!r}")
+    values = dict(PROFILES[profile])
+    for name, value in overrides.items():
+        if value is not None:
+            values[name] = tuple(value) if isinstance(value, list) else value
+    return StudyParams(**values)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the calibration chose, to be printed by the notebook."""
+
+    calibration: serving.Calibration
+    requests: int
+    estimate_s: float
+    timeout_s: float
+
+    def describe(self, what: str) -> str:
+        cal = self.calibration
+        return (
+            f"{what}: calibration {cal.prefill_tok_s:,.0f} prefill tokens/s, "
+            f"{cal.decode_step_s * 1e3:.1f} ms per decode step, {cal.fixed_s * 1e3:.0f} ms fixed; "
+            f"chose {self.requests} measured requests per repeat (estimate "
+            f"{self.estimate_s:.0f} s); request timeout {self.timeout_s:.0f} s"
+        )
+
+
+def plan(
+    pair: serving.ServerPair,
+    study: StudyParams,
+    cells: list[tuple[int, int, int]],
+    *,
+    budget_s: float | None = None,
+    minimum: int | None = None,
+    maximum: int | None = None,
+) -> Plan:
+    """Requests per repeat for `cells` ((uncached tokens, output tokens, concurrency) per
+    mode and cell) within the budget, and a request timeout scaled to the slowest cell."""
+    cal = serving.calibration(pair, study.bench())
+    low = study.min_requests if minimum is None else minimum
+    high = study.max_requests if maximum is None else maximum
+    budget = study.budget_s if budget_s is None else budget_s
+    requests = serving.plan_requests(
+        cal, cells, budget, repeats=study.repeats, minimum=low, maximum=high
+    )
+    estimate = requests * study.repeats * sum(cal.request_s(u, o, c) for u, o, c in cells)
+    timeout = max(cal.timeout_s(u + study.suffix_tokens, o, c) for u, o, c in cells)
+    return Plan(cal, requests, estimate, timeout)
+
+
+def synthetic_cells(study: StudyParams) -> list[tuple[int, int, int]]:
+    """Uncached tokens per request in both modes for every (prefix, concurrency)."""
+    cells = []
+    for prefix in study.prefixes:
+        for c in study.concurrency:
+            cells.append((prefix + study.suffix_tokens, study.output_tokens, c))  # off
+            cells.append((study.suffix_tokens + study.block_size, study.output_tokens, c))  # on
+    return cells
+
+
+def say(message: str) -> None:
+    """Progress and speed-dependent facts go to stderr (never compared by nbval)."""
+    print(message, file=sys.stderr)
+
+
+def pool_blocks(pair: serving.ServerPair, study: StudyParams) -> int | None:
+    """KV blocks in the caching server's pool: computed when the study fixes the pool's bytes
+    (the CPU sets), else as the running server reports it (a GPU sizes its pool from free
+    memory, so this starts the server)."""
+    model = serving.resolve_model(study.model)
+    if study.kv_cache_memory_bytes:
+        blocks = kv_pool_blocks(model, study.block_size, study.kv_cache_memory_bytes)
+        if blocks:
+            return blocks
+    return pair.get(study.bench(), model, ("cache",))["cache"].kv_capacity_blocks()
+
+
+def kv_pool_blocks(model: str, block_size: int, pool_bytes: int) -> int | None:
+    """Blocks that vLLM makes of a `pool_bytes` KV pool for `model` (None: shape unknown)."""
+    from analysis.engines.vllm_args import kv_bytes_per_block
+    from analysis.models import local as models
+
+    dtype = models.vllm_dtype(model)
+    per_block = kv_bytes_per_block(model, block_size, None if dtype == "auto" else dtype)
+    return pool_bytes // per_block if per_block else None
+
+
+def thrash_prefixes(capacity_blocks: int | None, study: StudyParams, prefix: int) -> int:
+    """How many distinct prefixes overflow the KV pool twice over (LRU then evicts each
+    prefix before it comes round again); 8 when the pool size is unknown."""
+    if not capacity_blocks:
+        return 8
+    blocks_per_prefix = max(1, math.ceil(prefix / study.block_size))
+    return max(2, math.ceil(2 * capacity_blocks / blocks_per_prefix))
+
+
+# --------------------------------------------------------------------------------------------
+# Sections: each runs (or reads back) one notebook's measurements
+# --------------------------------------------------------------------------------------------
+
+
+def synthetic_section(
+    pair: serving.ServerPair, study: StudyParams, *, force: bool = False
+) -> tuple[Any, Plan]:
+    """Notebook 08's grid: every prefix x concurrency, caching on and off, `repeats` each."""
+    chosen = plan(pair, study, synthetic_cells(study))
+    config = study.bench(requests=chosen.requests, request_timeout_s=chosen.timeout_s)
+    return serving.run_serving_bench(config, servers=pair, force=force, progress=False), chosen
+
+
+def anti_pattern_section(
+    pair: serving.ServerPair, study: StudyParams, *, force: bool = False
+) -> Any:
+    """Caching on, one client, the longest prefix: prefixes cycling over 4 variants, and a
+    prefix that changes every 4 requests (churn). Each new prefix misses once. With
+    `study.thrash`, also K distinct prefixes twice the KV pool, round robin over two rounds:
+    LRU evicts every prefix before its turn comes again, so the second round misses too."""
+    prefix = max(study.prefixes)
+    patterns: list[tuple[str, dict[str, Any]]] = [
+        ("one shared prefix", {}),
+        ("4 distinct prefixes, round robin", {"distinct_prefixes": 4}),
+        ("churn: new prefix every 4 requests", {"churn_every": 4}),
+    ]
+    if study.thrash:
+        k = thrash_prefixes(pool_blocks(pair, study), study, prefix)
+        patterns.append(
+            (
+                f"{THRASH}: {k} distinct prefixes (2x the pool), round robin",
+                {"distinct_prefixes": k, "requests": 2 * k},
+            )
+        )
+    rows = []
+    for label, changes in patterns:
+        config = study.bench(
+            prefixes=(prefix,),
+            concurrency=(1,),
+            modes=("cache",),
+            **({"requests": 16} | changes),
+        )
+        table = serving.run_serving_bench(config, servers=pair, force=force, progress=False)
+        rows.append(table.assign(pattern=label))
+    import pandas as pd
+
+    return pd.concat(rows, ignore_index=True)
+
+
+def sharegpt_section(
+    pair: serving.ServerPair, study: StudyParams, *, force: bool = False
+) -> tuple[Any, Plan]:
+    """Notebook 10: multi-turn ShareGPT conversations as closed-loop clients, on and off."""
+    from analysis.serving import loadgen
+
+    probe = loadgen.sharegpt_workload(
+        conversations=study.conversations_max,
+        max_turns=study.max_turns,
+        output_tokens=study.output_tokens,
+        max_model_len=study.max_model_len,
+    )
+    specs = [s for c in probe.conversations for s in c]
+    turns = len(specs) / len(probe.conversations)
+    mean_prompt = sum(len(s.prompt_ids) for s in specs) / len(specs)
+    c = study.sharegpt_concurrency
+    cells = [(int(mean_prompt * turns), study.output_tokens, c)]  # caching off, per conversation
+    cells.append((int(mean_prompt * turns * 0.3), study.output_tokens, c))  # on: most is cached
+    chosen = plan(pair, study, cells, minimum=max(c, 4), maximum=study.conversations_max)
+    config = study.bench(
+        workload="sharegpt",
+        concurrency=(c,),
+        requests=chosen.requests,
+        request_timeout_s=chosen.timeout_s,
+    )
+    return serving.run_serving_bench(config, servers=pair, force=force, progress=False), chosen
+
+
+def dilution_section(
+    pair: serving.ServerPair, study: StudyParams, *, force: bool = False
+) -> dict[str, Any]:
+    """Mixed traffic at one client: a share f of requests shares a `dilution_prefix`-token
+    prefix, the rest have unique prefixes of that length; plus f = 1 (caching on: all hit)
+    and caching off (all miss). Returns the tables and requests of each."""
+    prefix = study.dilution_prefix
+    cells = [(prefix + study.suffix_tokens, study.output_tokens, 1)] * (
+        2 + len(study.eligible_shares)
+    )
+    chosen = plan(pair, study, cells, budget_s=study.budget_s / 2)
+    common = {
+        "prefixes": (prefix,),
+        "concurrency": (1,),
+        "requests": chosen.requests,
+        "request_timeout_s": chosen.timeout_s,
+        "salt": "mixed",  # own prompts, measured next to the mixed runs (not 08's, earlier)
+    }
+    mixed = {}
+    for share in study.eligible_shares:
+        config = study.bench(modes=("cache",), eligible_share=share, **common)
+        mixed[share] = serving.run_serving_bench(config, servers=pair, force=force, progress=False)
+    base = serving.run_serving_bench(
+        study.bench(**common), servers=pair, force=force, progress=False
+    )
+    return {"base": base, "mixed": mixed, "plan": chosen}
+
+
+def engine_config(study: StudyParams, **overrides: Any) -> serving.PrefixSweepConfig:
+    """Notebook 11: seed 004's offline sweep (all 11 shared fractions) and long-prefill
+    table on the in-process engine, scaled to the parameter set."""
+    values: dict[str, Any] = {
+        "model": study.model,
+        "load_format": study.load_format,
+        "fractions": tuple(i / 10 for i in range(11)),
+        "num_prompts": 4,
+        "input_len": 1000,
+        "output_len": 24,
+        "repeats": study.repeats,
+        "budget_s": study.budget_s,
+        "max_model_len": 2048,
+        "long_input_len": 1536,
+        "long_prompts": 2,
+        "long_output_lens": (2, 16, 128),
+        "long_rounds": 2,
+        "kv_cache_memory_bytes": study.kv_cache_memory_bytes,
+        "gpu_memory_utilization": study.gpu_memory_utilization,
+        "enforce_eager": study.enforce_eager,
+    }
+    if study.load_format == "dummy":  # a GPU: the seed's sizes
+        values.update(
+            num_prompts=256,
+            long_input_len=10240,
+            long_prompts=10,
+            long_rounds=3,
+            long_output_lens=(2, 4, 8, 16, 32, 64, 128),
+            max_model_len=10240 + 128,
+        )
+    values.update({k: (tuple(v) if isinstance(v, list) else v) for k, v in overrides.items()})
+    return serving.PrefixSweepConfig(**values)
+
+
+def vllm_source_line(relative: str, needle: str) -> str:
+    """`path:line: text` of the first line of the installed vLLM's `relative` source file that
+    contains `needle`: where a claim about vLLM's behaviour can be checked."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:
+        return f"vllm/{relative}: vLLM is not installed"
+    path = Path(spec.origin).parent / relative
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if needle in line:
+            return f"vllm/{relative}:{number}: {line.strip()}"
+    return f"vllm/{relative}: {needle!r} not found (another vLLM version?)"

@@ -1,0 +1,200 @@
+"""Sweep grids (`configs/*.toml`): the points of a grid, and where each point's result lives.
+
+A grid is a list of series; each series is a cross product of traces, engines, block sizes
+and numbers of blocks over a base of `RunConfig` fields. `make report` runs every point once
+(papermill executes `notebooks/03-run-config.ipynb` per point, `make -j` runs points in
+parallel); the explanatory notebooks then read the results, running inline only the points
+that are still missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import math
+import tomllib
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.platform.errors import GridError
+from analysis.platform.paths import configs_dir
+
+SERIES_KEYS = {"name", "traces", "engines", "block_sizes", "num_blocks"}
+DIMENSION_FIELDS = {"trace", "engine", "block_size", "num_blocks"}
+
+
+@dataclass(frozen=True)
+class Point:
+    """One configuration of a grid, the series it belongs to, and the extra fields the series
+    varies (beyond trace, engine, block size and number of blocks)."""
+
+    series: str
+    config: Any  # analysis.engines.RunConfig
+    varying: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def point_id(self) -> str:
+        c = self.config
+        extra = "".join(f"-{_short(k)}{v}" for k, v in self.varying)
+        trace = Path(c.trace).stem
+        return f"{self.series}-{trace}-{c.engine}-b{c.block_size}-n{c.num_blocks}{extra}"
+
+
+def _short(field_name: str) -> str:
+    return {"concurrency": "c", "outputs": "", "mode": "", "max_output_tokens": "out"}.get(
+        field_name, field_name.replace("_", "")
+    )
+
+
+def grid_path(name_or_path: str | Path) -> Path:
+    """`default` -> configs/default.toml; a path is taken as it is."""
+    path = Path(name_or_path)
+    if path.suffix != ".toml":
+        path = configs_dir() / f"{name_or_path}.toml"
+    if not path.exists():
+        known = ", ".join(sorted(p.stem for p in (configs_dir()).glob("*.toml")))
+        raise GridError(f"no grid {name_or_path!r}: choose one of {known} or give a .toml path")
+    return path
+
+
+def load_grid(name_or_path: str | Path) -> dict[str, Any]:
+    path = grid_path(name_or_path)
+    try:
+        grid = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise GridError(f"{path}: not valid TOML ({exc})") from exc
+    if not grid.get("series"):
+        raise GridError(f"{path}: no [[series]] table")
+    return grid
+
+
+def grid_points(name_or_path: str | Path, block_budget=None) -> list[Point]:
+    """Every point of a grid, in file order.
+
+    Each series crosses its traces, engines and block sizes, every other `RunConfig` field it
+    gives as a list (e.g. `concurrency = [1, 8, 64]`), and its numbers of blocks: a list,
+    "log:N" (N log-spaced counts from vLLM's minimum for max_model_len to no memory pressure)
+    or "max" (no memory pressure). `block_budget(config)` sizes "no memory pressure"
+    (default: `no_pressure_blocks`, which reads the trace)."""
+    from analysis.engines import RunConfig
+
+    grid = load_grid(name_or_path)
+    base = dict(grid.get("base", {}))
+    budget = block_budget or no_pressure_blocks
+    points = []
+    for series in grid["series"]:
+        missing = SERIES_KEYS - set(series)
+        if missing:
+            raise GridError(f"series {series.get('name')!r} lacks {', '.join(sorted(missing))}")
+        fields_ = base | {k: v for k, v in series.items() if k not in SERIES_KEYS}
+        unknown = sorted(set(fields_) - {f.name for f in dataclasses.fields(RunConfig)})
+        if unknown:
+            raise GridError(
+                f"series {series['name']!r}: {', '.join(unknown)} is not a RunConfig field "
+                "(see analysis.engines.RunConfig)"
+            )
+        dims = {
+            "trace": series["traces"],
+            "engine": series["engines"],
+            "block_size": series["block_sizes"],
+        } | {k: v for k, v in fields_.items() if isinstance(v, list)}
+        for values in itertools.product(*dims.values()):
+            chosen = dict(zip(dims, values, strict=True))
+            try:
+                proto = RunConfig.from_dict(fields_ | chosen)
+            except TypeError as exc:
+                raise GridError(f"series {series['name']!r}: {exc}") from None
+            varying = tuple((k, v) for k, v in chosen.items() if k not in DIMENSION_FIELDS)
+            for num_blocks in _block_counts(series["num_blocks"], proto, budget):
+                config = proto.with_(num_blocks=num_blocks)
+                points.append(Point(series["name"], config, varying))
+    return points
+
+
+def _block_counts(spec: str | list[int], proto, budget) -> list[int]:
+    if isinstance(spec, list):
+        return [int(n) for n in spec]
+    if spec == "max":
+        return [budget(proto)]
+    if not (isinstance(spec, str) and spec.startswith("log:")):
+        raise GridError(f"num_blocks must be a list, 'log:N' or 'max', got {spec!r}")
+    return log_spaced_blocks(proto.min_num_blocks, budget(proto), int(spec[4:]))
+
+
+def log_spaced_blocks(low: int, high: int, count: int) -> list[int]:
+    """`count` block counts from `low` to `high`, evenly spaced on a log axis, rounded to 2
+    significant digits (the ends kept exact), so that axis labels read well."""
+    if high <= low or count < 2:
+        return [low]
+    raw = np.geomspace(low, high, count)
+    counts = [low] + [_round_sig(x) for x in raw[1:-1]] + [high]
+    return sorted(set(counts))
+
+
+def _round_sig(x: float, digits: int = 2) -> int:
+    scale = 10 ** (math.floor(math.log10(x)) - digits + 1)
+    return int(round(x / scale) * scale)
+
+
+def no_pressure_blocks(config) -> int:
+    """Blocks that hold every token of the sample at once (prompts and replies, no sharing
+    assumed): with that many, nothing is ever evicted or preempted."""
+    path = resolve_trace(config.trace)
+    tokens = _sample_tokens(
+        str(path), path.stat().st_mtime_ns, config.limit, config.max_output_tokens
+    )
+    return int(np.ceil(tokens / config.block_size).sum()) + 1
+
+
+@functools.lru_cache(maxsize=16)
+def _sample_tokens(path: str, mtime_ns: int, limit: int | None, cap: int | None) -> np.ndarray:
+    """Prompt + reply tokens per request of a trace sample (cached: grids ask many times)."""
+    from analysis.data.traces import load_trace
+    from analysis.engines.workload import limit_trace
+
+    trace = limit_trace(load_trace(path), limit)
+    replies = trace["response_tokens"]
+    if cap is not None:
+        replies = replies.clip(upper=cap)
+    return (trace["prompt_tokens"] + replies).to_numpy()
+
+
+def resolve_trace(trace: str) -> Path:
+    from analysis.platform.paths import traces_dir
+
+    path = Path(trace)
+    return path if path.suffix == ".parquet" else traces_dir() / f"{trace}.parquet"
+
+
+def points_frame(points: Iterable[Point]) -> pd.DataFrame:
+    """The points as a table (one row each), for listing and for joining with results."""
+    return pd.DataFrame(
+        [{"point_id": p.point_id, "series": p.series} | p.config.to_dict() for p in points]
+    )
+
+
+def find_point(points: list[Point], point_id: str) -> Point:
+    for point in points:
+        if point.point_id == point_id:
+            return point
+    raise GridError(f"no point {point_id!r} in this grid: list them with --list")
+
+
+def result_folder(point: Point, results: Path | None = None) -> Path:
+    """`results/<config_id>` (default results: data/results)."""
+    from analysis.platform.paths import results_dir
+    from analysis.runs.runner import config_id_for
+
+    return Path(results or results_dir()) / config_id_for(point.config)
+
+
+def is_done(point: Point, folder: Path | None = None) -> bool:
+    from analysis.engines import is_complete
+
+    return is_complete(folder or result_folder(point))
