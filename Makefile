@@ -53,9 +53,10 @@ traces: setup ## build the multi- and single-turn traces from the whole packaged
 	$(PY) -m analysis traces
 
 .PHONY: lint
-lint: setup ## ruff over the package, tests and notebooks
+lint: setup ## ruff over the package, tests and notebooks; import-linter over the layers
 	$(VENV)/bin/ruff check src tests bench notebooks
 	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/lint-imports
 
 # pytest's workers (pytest-xdist): one per core, at most 4 (each starts vLLM and servers).
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))

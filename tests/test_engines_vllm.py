@@ -155,7 +155,7 @@ def test_the_minimum_number_of_blocks_is_the_one_vllm_accepts():
     assert smallest == 1024 // 32 + 1
     with pytest.raises(ValueError, match=r"max seq len \(1024\)"):
         build_llm(config.with_(num_blocks=smallest - 1), forced=False)
-    llm, _ = build_llm(config.with_(num_blocks=smallest), forced=False)
+    llm = build_llm(config.with_(num_blocks=smallest), forced=False)
     try:
         core = llm.llm_engine.engine_core.engine_core
         assert core.scheduler.kv_cache_manager.block_pool.num_gpu_blocks == smallest

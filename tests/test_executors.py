@@ -15,9 +15,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from analysis import sweeps
 from analysis.engines import RunResult
 from analysis.engines.synthetic import synthetic_trace
-from analysis.sweeps import executors, sweep
+from analysis.sweeps import executors
 
 pytestmark = pytest.mark.engine
 
@@ -62,7 +63,7 @@ def ray_instance():
 @pytest.fixture(scope="module")
 def local_results(grid, tmp_path_factory) -> Path:
     results = tmp_path_factory.mktemp("local")
-    executors.run_points(sweep.grid_points(grid), "local", results=results, progress=False)
+    executors.run_points(sweeps.grid_points(grid), "local", results=results, progress=False)
     return results
 
 
@@ -84,20 +85,24 @@ def same_tables(folder_a: Path, folder_b: Path) -> None:
 
 
 def test_local_processes_give_the_same_tables_as_one_process(grid, local_results, tmp_path):
-    points = sweep.grid_points(grid)
+    points = sweeps.grid_points(grid)
     run = executors.run_points(points, "local", workers=2, results=tmp_path, progress=False)
     assert len(run.ran) == 4 and run.workers == 2
     for point in points:
-        same_tables(sweep.result_folder(point, local_results), sweep.result_folder(point, tmp_path))
+        same_tables(
+            sweeps.result_folder(point, local_results), sweeps.result_folder(point, tmp_path)
+        )
 
 
 def test_local_and_ray_give_identical_tables(grid, local_results, ray_instance, tmp_path):
-    points = sweep.grid_points(grid)
+    points = sweeps.grid_points(grid)
     assert len(points) == 4
     done = executors.run_points(points, "ray", results=tmp_path, progress=False)
     assert len(done.ran) == 4 and not done.skipped
     for point in points:
-        same_tables(sweep.result_folder(point, local_results), sweep.result_folder(point, tmp_path))
+        same_tables(
+            sweeps.result_folder(point, local_results), sweeps.result_folder(point, tmp_path)
+        )
     # no staging folder left behind (writers' lock files may stay)
     assert not [p for p in tmp_path.glob(".*") if p.suffix != ".lock"]
     again = executors.run_points(points, "ray", results=tmp_path, progress=False)
@@ -122,7 +127,7 @@ def _ray_workers_running(task: str) -> list[int]:
 def test_killed_ray_worker_is_retried_with_the_same_result(
     grid, local_results, ray_instance, tmp_path
 ):
-    point = sweep.grid_points(grid)[0]
+    point = sweeps.grid_points(grid)[0]
     outcome: dict[str, object] = {}
 
     def sweep_in_background() -> None:
@@ -145,7 +150,7 @@ def test_killed_ray_worker_is_retried_with_the_same_result(
     assert killed is not None, "the point finished before its worker could be killed"
     assert "error" not in outcome, outcome.get("error")
     assert [p.point_id for p in outcome["run"].ran] == [point.point_id]
-    same_tables(sweep.result_folder(point, local_results), sweep.result_folder(point, tmp_path))
+    same_tables(sweeps.result_folder(point, local_results), sweeps.result_folder(point, tmp_path))
 
 
 class Interrupt(KeyboardInterrupt):
@@ -154,7 +159,7 @@ class Interrupt(KeyboardInterrupt):
 
 @pytest.mark.parametrize(("executor", "workers"), [("local", 1), ("local", 2), ("ray", None)])
 def test_interrupted_sweep_resumes_with_the_rest(grid, ray_instance, tmp_path, executor, workers):
-    points = sweep.grid_points(grid)
+    points = sweeps.grid_points(grid)
 
     def stop(point) -> None:
         raise Interrupt
@@ -163,9 +168,9 @@ def test_interrupted_sweep_resumes_with_the_rest(grid, ray_instance, tmp_path, e
         executors.run_points(
             points, executor, workers=workers, results=tmp_path, progress=False, on_done=stop
         )
-    finished = [p for p in points if sweep.is_done(p, sweep.result_folder(p, tmp_path))]
+    finished = [p for p in points if sweeps.is_done(p, sweeps.result_folder(p, tmp_path))]
     assert len(finished) == 1
-    manifest = sweep.result_folder(finished[0], tmp_path) / "manifest.json"
+    manifest = sweeps.result_folder(finished[0], tmp_path) / "manifest.json"
     written = manifest.stat().st_mtime_ns
     resumed = executors.run_points(
         points, executor, workers=workers, results=tmp_path, progress=False
@@ -173,7 +178,7 @@ def test_interrupted_sweep_resumes_with_the_rest(grid, ray_instance, tmp_path, e
     assert [p.point_id for p in resumed.skipped] == [finished[0].point_id]
     assert len(resumed.ran) == 3
     assert manifest.stat().st_mtime_ns == written
-    assert all(sweep.is_done(p, sweep.result_folder(p, tmp_path)) for p in points)
+    assert all(sweeps.is_done(p, sweeps.result_folder(p, tmp_path)) for p in points)
 
 
 def test_ray_executor_without_ray_is_one_line(grid, monkeypatch, capsys):
@@ -189,16 +194,16 @@ def test_ray_executor_without_ray_is_one_line(grid, monkeypatch, capsys):
 def test_local_workers_keep_real_engine_points_here_one_at_a_time(grid, monkeypatch, tmp_path):
     """A real engine uses every core: with workers, its points run in this process first, one
     at a time, and only replay points go to the worker processes."""
-    import analysis.engines
+    import analysis.runs
 
     mixed = tmp_path / "mixed.toml"
     mixed.write_text(
         grid.read_text().replace('engines = ["replay"]', 'engines = ["replay", "vllm"]')
     )
-    points = sweep.grid_points(mixed)
+    points = sweeps.grid_points(mixed)
     here, elsewhere = [], []
     monkeypatch.setattr(
-        analysis.engines, "run_and_write", lambda config, *a, **k: here.append(config.engine)
+        analysis.runs, "run_and_write", lambda config, *a, **k: here.append(config.engine)
     )
     monkeypatch.setattr(
         executors,

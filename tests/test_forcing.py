@@ -10,7 +10,7 @@ import types
 import pytest
 
 from analysis.engines import RunConfig
-from analysis.engines.vllm_args import engine_kwargs, resolve_model
+from analysis.engines.vllm_args import config_model, engine_kwargs
 from analysis.platform.errors import ConfigError
 
 forced = pytest.importorskip("analysis.engines.forced")
@@ -34,7 +34,7 @@ def runner_env(monkeypatch):
 
 def cpu_kwargs() -> dict:
     config = RunConfig(engine="vllm", block_size=32, num_blocks=64, max_model_len=1024)
-    return engine_kwargs(config, resolve_model(config))
+    return engine_kwargs(config, config_model(config))
 
 
 def test_the_choice_per_model_runner():
@@ -126,11 +126,12 @@ def test_build_engine_follows_a_v2_resolution(monkeypatch):
     monkeypatch.setattr(forced, "resolved_model_runner", lambda kwargs: "v2")
     monkeypatch.setattr(vllm, "LLM", FakeLLM)
     config = RunConfig(engine="vllm", block_size=32, num_blocks=64, max_model_len=1024)
-    _, _, forcing = vllm_engine.build_engine(config, forced=True)
+    model = config_model(config)
+    _, forcing = vllm_engine.build_engine(config, model, forced=True)
     assert forcing == {"mechanism": forced.TRACE_REPLAY, "model_runner": "v2"}
     assert seen["enable_trace_replay"] is True
     assert "logits_processors" not in seen
 
     monkeypatch.setattr(forced, "resolved_model_runner", lambda kwargs: "v1")
     with pytest.raises(ConfigError, match="started v2"):
-        vllm_engine.build_engine(config, forced=True)
+        vllm_engine.build_engine(config, model, forced=True)

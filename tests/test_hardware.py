@@ -132,16 +132,18 @@ def test_folder_of_another_dtype_is_rebuilt(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from analysis.data.chat_template import DEFAULT
-    from analysis.engines.vllm_args import kv_bytes_per_block
+    from analysis.models import resolve_model
     from analysis.models.local import ensure_random_llama, folder_dtype
 
     monkeypatch.setenv("PREFIX_CACHE_LAB_ROOT", str(tmp_path))
-    folder = ensure_random_llama(dtype="bfloat16")
-    bf16_bytes = kv_bytes_per_block(str(folder), 32)
+    bf16 = resolve_model(None, "bfloat16")
+    folder = Path(bf16.path)
     assert folder_dtype(folder) == "bfloat16"
     assert ensure_random_llama(dtype="float32") == folder
     assert folder_dtype(folder) == "float32"
-    assert kv_bytes_per_block(str(folder), 32) == 2 * bf16_bytes
+    float32 = resolve_model(None, "float32")
+    assert float32.path == bf16.path
+    assert float32.kv_bytes_per_block(32) == 2 * bf16.kv_bytes_per_block(32)
     template = json.loads((folder / "tokenizer_config.json").read_text())["chat_template"]
     assert template == DEFAULT.engine_jinja()
 
@@ -150,23 +152,25 @@ def test_vllm_is_told_the_folder_dtype(tmp_path: Path, monkeypatch: pytest.Monke
     """vLLM's dtype="auto" turns a float32 checkpoint into bf16: the folder's dtype is passed;
     where the CPU has no native bf16, every model runs in float32."""
     from analysis.engines.vllm_args import engine_kwargs
-    from analysis.models import shapes as model_shapes
+    from analysis.models import resolve_model
     from analysis.models.local import ensure_random_llama
     from analysis.platform import hardware
 
     monkeypatch.setenv("PREFIX_CACHE_LAB_ROOT", str(tmp_path))
     folder = str(ensure_random_llama(dtype="float32"))
-    shape = str(model_shapes.materialise("llama-3.2-1b"))  # its config.json says bfloat16
+    shape = "llama-3.2-1b"  # its config.json says bfloat16
     for facts, hub, random_shape in (
         (fake("AVX512", ("amx_bf16",)), "auto", "bfloat16"),
         # no native bf16: vLLM's CPU kernels would stop (SIGILL) on bf16, so float32 throughout
         (fake("AVX2", ()), "float32", "float32"),
     ):
         monkeypatch.setattr(hardware, "_MACHINE", facts)
-        assert engine_kwargs(RunConfig(), folder)["dtype"] == "float32"
-        assert engine_kwargs(RunConfig(dtype="bfloat16"), folder)["dtype"] == "bfloat16"
-        assert engine_kwargs(RunConfig(model="org/name"), "org/name")["dtype"] == hub
-        assert engine_kwargs(RunConfig(model="llama-3.2-1b"), shape)["dtype"] == random_shape
+        assert resolve_model(folder).dtype == "float32"
+        assert resolve_model(folder, "bfloat16").dtype == "bfloat16"
+        assert resolve_model("org/name").dtype == hub
+        assert resolve_model(shape).dtype == random_shape
+        config = RunConfig(model=shape)
+        assert engine_kwargs(config, resolve_model(shape))["dtype"] == random_shape
 
 
 @pytest.mark.engine

@@ -10,7 +10,7 @@ import pytest
 from analysis.data.chat_template import DEFAULT
 from analysis.engines import RunConfig
 from analysis.engines.synthetic import synthetic_trace
-from analysis.engines.vllm_args import engine_kwargs, resolve_model, weights_note
+from analysis.engines.vllm_args import config_model, engine_kwargs
 from analysis.models import shapes as model_shapes
 from analysis.runs import run
 
@@ -59,15 +59,17 @@ def test_load_format_is_dummy_only_for_shapes(root, tmp_path):
 
 def test_a_shape_name_becomes_its_folder_with_dummy_weights(root):
     config = RunConfig(engine="vllm", device="cuda", model="llama-3.1-8b", block_size=16)
-    model = resolve_model(config)
-    assert model == str(root / "data" / "cache" / "shapes" / "llama-3.1-8b")
+    model = config_model(config)
+    assert model.path == str(root / "data" / "cache" / "shapes" / "llama-3.1-8b")
     kwargs = engine_kwargs(config, model)
     assert kwargs["load_format"] == "dummy"
-    assert "random" in weights_note(config, model)
+    assert "random" in model.weights_note()
     real = RunConfig(engine="vllm", device="cuda", model="meta-llama/Llama-3.1-8B-Instruct")
-    assert resolve_model(real) == real.model
-    assert "load_format" not in engine_kwargs(real, real.model)
-    assert weights_note(real, real.model) == "loaded from the model"
+    hub = config_model(real)
+    assert hub.path == real.model
+    assert "load_format" not in engine_kwargs(real, hub)
+    assert hub.weights_note() == "loaded from the model"
+    assert hub.kv_bytes_per_block(16) is None  # no config.json: the shape is unknown
 
 
 @pytest.mark.engine

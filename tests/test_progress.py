@@ -61,9 +61,9 @@ def test_vllm_start_up_warnings_go_to_the_log_file_not_stderr(tmp_path: Path) ->
         "from analysis.platform.engine_logs import log_path\n"
         "from analysis.engines.config import RunConfig\n"
         "from analysis.engines.replay import build_replay_engine\n"
-        "from analysis.engines.vllm_args import resolve_model\n"
+        "from analysis.engines.vllm_args import config_model\n"
         "config = RunConfig(engine='replay', block_size=16, num_blocks=600, max_model_len=8192)\n"
-        "build_replay_engine(config, resolve_model(config))\n"
+        "build_replay_engine(config, config_model(config))\n"
         "print(log_path())\n"
     )
     env = {**os.environ, "VLLM_CONFIGURE_LOGGING": "0"}

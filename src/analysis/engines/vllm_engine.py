@@ -25,14 +25,9 @@ import numpy as np
 
 from analysis.engines.config import ConfigError, RunConfig
 from analysis.engines.recorder import Recorder
-from analysis.engines.vllm_args import (
-    engine_kwargs,
-    kv_bytes_per_block,
-    kwargs_load_format,
-    resolve_model,
-    weights_note,
-)
+from analysis.engines.vllm_args import config_model, engine_kwargs
 from analysis.engines.workload import Arrivals, Workload
+from analysis.models.resolved import ResolvedModel
 
 EXPORTED_COUNTERS = (
     "vllm:prefix_cache_queries",
@@ -45,14 +40,16 @@ EXPORTED_COUNTERS = (
 )
 
 
-def build_llm(config: RunConfig, forced: bool) -> tuple[Any, str]:
-    """A `vllm.LLM` in this process with the run's settings; returns (llm, model)."""
-    llm, model, _ = build_engine(config, forced)
-    return llm, model
+def build_llm(config: RunConfig, forced: bool) -> Any:
+    """A `vllm.LLM` in this process with the run's settings and model."""
+    llm, _ = build_engine(config, config_model(config), forced)
+    return llm
 
 
-def build_engine(config: RunConfig, forced: bool) -> tuple[Any, str, dict[str, Any]]:
-    """A `vllm.LLM` with the run's settings; returns (llm, model, how outputs are forced).
+def build_engine(
+    config: RunConfig, model: ResolvedModel, forced: bool
+) -> tuple[Any, dict[str, Any]]:
+    """A `vllm.LLM` with the run's settings; returns (llm, how outputs are forced).
 
     With forced outputs the mechanism follows the model runner vLLM resolves for exactly these
     arguments (see analysis.engines.forced), and the built engine is checked to run that one.
@@ -62,11 +59,9 @@ def build_engine(config: RunConfig, forced: bool) -> tuple[Any, str, dict[str, A
 
     from analysis.platform.vllm_compat import before_engine_start
 
-    model = resolve_model(config)
     kwargs = engine_kwargs(config, model)
     if config.device == "cpu":
-        dtype = kwargs["dtype"] if kwargs["dtype"] != "auto" else None  # what vLLM runs in
-        per_block = kv_bytes_per_block(model, config.block_size, dtype)
+        per_block = model.kv_bytes_per_block(config.block_size)
         if per_block is not None:
             kwargs["kv_cache_memory_bytes"] = per_block * config.num_blocks
         else:
@@ -90,7 +85,7 @@ def build_engine(config: RunConfig, forced: bool) -> tuple[Any, str, dict[str, A
             f"started {ran}: set VLLM_USE_V2_MODEL_RUNNER explicitly (0 or 1)"
         )
     forcing["model_runner"] = ran
-    return llm, model, forcing
+    return llm, forcing
 
 
 def _engine_core(llm: Any) -> Any:
@@ -105,7 +100,11 @@ def _engine_core(llm: Any) -> Any:
 
 
 def run_vllm(
-    workload: Workload, config: RunConfig, recorder: Recorder, progress: Any = None
+    workload: Workload,
+    config: RunConfig,
+    recorder: Recorder,
+    model: ResolvedModel,
+    progress: Any = None,
 ) -> dict[str, Any]:
     """Run the workload through the real engine; fills `recorder`; returns engine facts."""
     from vllm import SamplingParams
@@ -114,7 +113,7 @@ def run_vllm(
 
     forced = config.outputs != "free" or workload.explicit
     built = time.perf_counter()
-    llm, model, forcing = build_engine(config, forced)
+    llm, forcing = build_engine(config, model, forced)
     mechanism = forcing["mechanism"]
     build_seconds = time.perf_counter() - built
     engine = llm.llm_engine
@@ -189,14 +188,14 @@ def run_vllm(
         "steps": scheduler.current_step,
         "loop_seconds": round(loop_seconds, 3),
         "build_seconds": round(build_seconds, 3),
-        "model": model,
+        "model": model.path,
         "device": config.device,
         "model_dtype": str(core.vllm_config.model_config.dtype).removeprefix("torch."),
         "forced_outputs": forced,
         "forcing": forcing["mechanism"],
         "model_runner": forcing["model_runner"],
-        "load_format": kwargs_load_format(config, model),
-        "weights": weights_note(config, model),
+        "load_format": model.load_format,
+        "weights": model.weights_note(),
         "forced_output_mismatches": _forced_mismatches(workload, generated) if forced else 0,
         "resolved": resolved_settings(core.vllm_config, scheduler),
         "exported": exported,

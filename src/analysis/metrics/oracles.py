@@ -131,10 +131,10 @@ def vllm_refusal(max_model_len: int, block_size: int, num_blocks: int) -> str | 
     from vllm.v1.kv_cache_interface import FullAttentionSpec
 
     from analysis.engines.config import RunConfig
-    from analysis.engines.vllm_args import engine_kwargs, model_shape
-    from analysis.models.local import ensure_random_llama
+    from analysis.engines.vllm_args import engine_kwargs
+    from analysis.models.resolved import resolve_model
 
-    model = str(ensure_random_llama())
+    model = resolve_model(None)  # the local random Llama, as the engines run it
     config = RunConfig(
         engine="replay", block_size=block_size, num_blocks=num_blocks, max_model_len=max_model_len
     )
@@ -143,14 +143,13 @@ def vllm_refusal(max_model_len: int, block_size: int, num_blocks: int) -> str | 
     )
     if vllm_config.cache_config.kv_cache_layout is None:  # the engine core resolves it
         vllm_config.cache_config.kv_cache_layout = "NHD"
-    shape = model_shape(model)
     spec = FullAttentionSpec(
         block_size=block_size,
-        num_kv_heads=shape["num_kv_heads"],
-        head_size=shape["head_size"],
+        num_kv_heads=model.num_kv_heads,
+        head_size=model.head_size,
         dtype=torch.bfloat16,
     )
-    specs = {f"model.layers.{i}.self_attn.attn": spec for i in range(shape["num_layers"])}
+    specs = {f"model.layers.{i}.self_attn.attn": spec for i in range(model.num_layers)}
     plenty = 1 << 40  # the override, not this, sets the size
     try:
         get_kv_cache_configs(vllm_config, [specs], [plenty])

@@ -21,7 +21,9 @@ from analysis.engines.blockstats import BlockStats
 from analysis.engines.config import ConfigError, RunConfig, config_digest, validate
 from analysis.engines.recorder import Recorder
 from analysis.engines.result import RunResult
+from analysis.engines.vllm_args import config_model
 from analysis.engines.workload import Workload, build_workload
+from analysis.models.resolved import ResolvedModel
 from analysis.platform.manifest import file_sha256
 
 
@@ -48,20 +50,20 @@ def run(
         trace_info["explicit_outputs_sha256"] = extra
     config_id = f"{config.readable_prefix()}-{config_digest(config, trace_info['sha256'], extra)}"
     workload = build_workload(frame, config, outputs)
-    check_runnable(workload, trace_info["source"], config)
+    model = config_model(config)  # resolved once, handed to the engine and the manifest
+    check_runnable(workload, trace_info["source"], config, model)
     recorder = Recorder(num_requests=len(workload.specs), block_size=config.block_size)
     bar = _progress_bar(workload, config, progress)
     prepared = time.perf_counter()
     try:
         if config.engine == "replay":
             from analysis.engines.replay import run_replay
-            from analysis.engines.vllm_args import resolve_model
 
-            engine_facts = run_replay(workload, config, recorder, resolve_model(config), bar)
+            engine_facts = run_replay(workload, config, recorder, model, bar)
         else:
             from analysis.engines.vllm_engine import run_vllm
 
-            engine_facts = run_vllm(workload, config, recorder, bar)
+            engine_facts = run_vllm(workload, config, recorder, model, bar)
     finally:
         if bar is not None:
             bar.close()
@@ -73,6 +75,7 @@ def run(
     result.summary = hitrates.summarize(result)
     result.manifest = build_manifest(
         config,
+        model,
         config_id,
         trace_info,
         engine_facts,
@@ -86,7 +89,9 @@ def run(
     return result
 
 
-def check_runnable(workload: Workload, source: str, config: RunConfig) -> None:
+def check_runnable(
+    workload: Workload, source: str, config: RunConfig, model: ResolvedModel
+) -> None:
     """Refuse a trace with nothing to run (its rates would be NaN) or with impossible token ids."""
     from analysis.platform.errors import TraceError
 
@@ -102,7 +107,7 @@ def check_runnable(workload: Workload, source: str, config: RunConfig) -> None:
     high = max(int(p.max()) for p in pieces)
     if low < 0:
         raise TraceError(f"trace {source}: token id {low} is negative; rebuild the trace")
-    vocab = _vocab_size(config)
+    vocab = _vocab_size(model)
     if vocab is not None and high >= vocab:
         raise TraceError(
             f"trace {source}: token id {high} is outside the model's vocabulary ({vocab} ids); "
@@ -110,13 +115,11 @@ def check_runnable(workload: Workload, source: str, config: RunConfig) -> None:
         )
 
 
-def _vocab_size(config: RunConfig) -> int | None:
+def _vocab_size(model: ResolvedModel) -> int | None:
     """The vocabulary size of the run's model when it is a local folder (None: unknown)."""
     import json
 
-    from analysis.engines.vllm_args import resolve_model
-
-    path = Path(resolve_model(config)) / "config.json"
+    path = Path(model.path) / "config.json"
     if not path.is_file():
         return None
     return json.loads(path.read_text()).get("vocab_size")
@@ -343,22 +346,9 @@ def _counters(
     }
 
 
-def dtype_facts(config: RunConfig) -> dict[str, Any]:
-    """The dtype the run's model computed in, and why (by capability, asked for, the model's)."""
-    from analysis.engines.vllm_args import resolve_model
-    from analysis.models.local import folder_dtype
-    from analysis.platform.hardware import choose_dtype
-
-    saved = folder_dtype(resolve_model(config))
-    if config.model is None or config.dtype is not None:
-        choice = choose_dtype(config.dtype).to_dict()
-    else:
-        choice = {"dtype": saved or "auto", "reason": "the named model's own (vLLM dtype=auto)"}
-    return {**choice, "model_folder_dtype": saved}
-
-
 def build_manifest(
     config: RunConfig,
+    model: ResolvedModel,
     config_id: str,
     trace_info: dict[str, Any],
     engine_facts: dict[str, Any],
@@ -374,7 +364,7 @@ def build_manifest(
         "trace": trace_info,
         "engine": engine_facts,
         "machine": machine().to_dict(),
-        "dtype": dtype_facts(config),
+        "dtype": model.dtype_facts(),
         "timings": timings,
         "checks": {"per_admission_sums_equal_prefix_cache_stats": engine_sums},
         "versions": package_versions(),
