@@ -122,14 +122,15 @@ def warm_up_kernels() -> None:
 def time_plain_python(head) -> float:
     """The same kernels, compiled and as plain Python, on the first requests of the trace."""
     from analysis.metrics import bounds
+    from analysis.metrics.bounds.kernels import _compiled, _lru_distance_kernel
 
     index = bounds.index_trace(head)
     keys = index.block_keys(BLOCK_SIZE)
     args = (keys.keys, keys.offsets, keys.eligible, np.int64(keys.num_keys))
     timings = {}
     for name, kernel in (
-        ("compiled", bounds._compiled(bounds._lru_distance_kernel)),
-        ("plain Python", bounds._lru_distance_kernel),
+        ("compiled", _compiled(_lru_distance_kernel)),
+        ("plain Python", _lru_distance_kernel),
     ):
         started = time.perf_counter()
         kernel(*args)

@@ -13,6 +13,8 @@ import pytest
 
 from analysis.metrics import bounds
 from analysis.metrics.bounds import BoundsError, index_trace
+from analysis.metrics.bounds.capacity import _next_eligible_use
+from analysis.metrics.bounds.kernels import _compiled, _lru_distance_kernel, _opt_kernel
 
 
 def token_trace(prompts, responses=None, turns=None) -> pd.DataFrame:
@@ -196,7 +198,7 @@ def test_opt_is_the_optimum_on_tiny_traces():
 
 def plain_belady(keys: bounds.BlockKeys, capacity: int) -> np.ndarray:
     """MIN written the slow way: evict the cached block used furthest ahead (deepest first)."""
-    next_use = bounds._next_eligible_use(keys)
+    next_use = _next_eligible_use(keys)
     cached: dict[int, tuple[int, int]] = {}  # key -> (next use, depth)
     hits = []
     for r in range(keys.num_requests):
@@ -257,16 +259,16 @@ def test_numba_kernels_equal_their_python_source():
     rng = np.random.default_rng(2)
     index = index_trace(random_trace(rng, 60), include_outputs=True)
     keys = index.block_keys(2)
-    fast = bounds._compiled(bounds._lru_distance_kernel)
+    fast = _compiled(_lru_distance_kernel)
     args = (keys.keys, keys.offsets, keys.eligible, np.int64(keys.num_keys))
-    for a, b in zip(fast(*args), bounds._lru_distance_kernel(*args), strict=True):
+    for a, b in zip(fast(*args), _lru_distance_kernel(*args), strict=True):
         assert a.tolist() == b.tolist()
-    next_use = bounds._next_eligible_use(keys)
+    next_use = _next_eligible_use(keys)
     depth = np.int64(np.diff(keys.offsets).max() + 1)
     for capacity in (0, 3, 10):
         opt_args = (*args[:3], next_use, depth, np.int64(keys.num_keys), np.int64(capacity))
-        fast_hits = bounds._compiled(bounds._opt_kernel)(*opt_args)
-        assert fast_hits.tolist() == bounds._opt_kernel(*opt_args).tolist()
+        fast_hits = _compiled(_opt_kernel)(*opt_args)
+        assert fast_hits.tolist() == _opt_kernel(*opt_args).tolist()
 
 
 def test_reuse_distances_by_hand():

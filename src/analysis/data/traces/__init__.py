@@ -1,0 +1,38 @@
+"""Request traces from conversations: the token ids an engine replays, turn by turn.
+
+What a trace is and how it is built (templates, the `max_model_len` policies, timestamps) is
+told in `build`. The package holds one module per step: `options` (what shapes a build and what
+it yields), `build` (conversations to ids), `storage` (Parquet, the manifest, the JSONL export),
+`ensure` (build only when no identical build is on disk) and `stats` (the shape of a trace).
+"""
+
+from analysis.data.traces.build import build_traces
+from analysis.data.traces.ensure import ensure_traces
+from analysis.data.traces.options import TRACE_COLUMNS, TraceOptions
+from analysis.data.traces.stats import trace_stats
+from analysis.data.traces.storage import (
+    export_jsonl,
+    load_manifest,
+    load_trace,
+    save_traces,
+    trace_schema,
+    trace_table,
+    write_trace,
+)
+from analysis.platform.errors import TraceError
+
+__all__ = [
+    "TRACE_COLUMNS",
+    "TraceError",
+    "TraceOptions",
+    "build_traces",
+    "ensure_traces",
+    "export_jsonl",
+    "load_manifest",
+    "load_trace",
+    "save_traces",
+    "trace_schema",
+    "trace_stats",
+    "trace_table",
+    "write_trace",
+]

@@ -1,0 +1,119 @@
+"""The cached build: build both traces unless an identical build is already on disk.
+
+A module of its own because it joins the steps (load the data, build, save) and decides when
+a build can be skipped: notebooks and the CLI share it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from analysis.data.tokenizer import TokenizerSource, load_tokenizer, tokenizer_source
+from analysis.data.traces.build import build_traces
+from analysis.data.traces.options import (
+    FORMAT_VERSION,
+    TraceOptions,
+    TraceSet,
+    summarize_counts,
+    template_info,
+)
+from analysis.data.traces.storage import load_manifest, save_traces
+from analysis.platform.errors import TraceError
+from analysis.platform.manifest import file_sha256
+
+
+def build_request(
+    options: TraceOptions, data: dict[str, Any], tokenizer: TokenizerSource
+) -> dict[str, Any]:
+    """What a build depends on; a saved build with the same request need not be redone.
+
+    `data`: the conversations' origin, for example {"source": "package", "sha256": ...}.
+    """
+    return {
+        "format_version": FORMAT_VERSION,
+        "data": data,
+        "parameters": options.to_dict(),
+        "tokenizer_sha256": tokenizer.sha256,
+        "template_sha256": template_info(options)["sha256"],
+    }
+
+
+@dataclass
+class TraceBuild:
+    """The outcome of `ensure_traces`: the manifest of the traces on disk, and whether this
+    call built them (False: an identical build was already there)."""
+
+    manifest: dict[str, Any]
+    built: bool
+    paths: dict[str, Path]
+    load_report: Any = None  # the ShareGPT LoadReport when this call loaded the data
+
+    def summary(self) -> str:
+        return summarize_counts(self.manifest["counts"], self.manifest["parameters"])
+
+
+def ensure_traces(
+    options: TraceOptions | None = None,
+    source: str = "package",
+    path: str | Path | None = None,
+    out_dir: str | Path | None = None,
+    *,
+    jsonl: bool = False,
+    force: bool = False,
+    progress: bool = True,
+) -> TraceBuild:
+    """Build both traces unless a build of the same data, parameters, tokenizer and template
+    is already in `out_dir` (data/traces by default): notebooks and the CLI share this."""
+    from analysis.data.sharegpt import load_conversations, resolve_source
+    from analysis.platform.paths import traces_dir
+
+    options = options or TraceOptions()
+    out = Path(out_dir) if out_dir is not None else traces_dir()
+    data_file = resolve_source(source, path)
+    if not data_file.is_file():
+        raise TraceError(f"ShareGPT file not found: {data_file}")
+    data = {"source": source, "sha256": file_sha256(data_file)}
+    request = build_request(options, data, tokenizer_source(options.tokenizer))
+    wanted = ["multi_turn.parquet", "single_turn.parquet"]
+    if jsonl:
+        wanted += ["multi_turn.jsonl", "single_turn.jsonl"]
+    manifest = load_manifest(out)
+    if (
+        not force
+        and manifest is not None
+        and manifest.get("request") == request
+        and all((out / name).is_file() for name in wanted)
+    ):
+        paths = {name.replace(".", "_"): out / name for name in wanted}
+        return TraceBuild(manifest, built=False, paths=paths)
+    tokenizer = load_tokenizer(options.tokenizer)
+    conversations, report = load_conversations(
+        source, path, max_conversations=options.max_conversations, progress=progress
+    )
+    trace_set = build_traces(conversations, options, tokenizer, progress=progress)
+    del conversations
+    if trace_set.multi.empty:
+        raise TraceError(_no_request_kept(data_file, trace_set))
+    paths = save_traces(
+        trace_set,
+        out,
+        {"request": request, "source": report.to_dict()},
+        jsonl=jsonl,
+        progress=progress,
+    )
+    return TraceBuild(load_manifest(out), built=True, paths=paths, load_report=report)
+
+
+def _no_request_kept(data_file: Path, trace_set: TraceSet) -> str:
+    """One line for a build that dropped every request: the counts, and what to change."""
+    selection, multi = trace_set.counts["conversations"], trace_set.counts["multi_turn"]
+    options = trace_set.options
+    return (
+        f"{data_file}: every request was dropped: {selection['used']:,} of "
+        f"{selection['input']:,} conversations used ({selection['skipped_min_turns']:,} with "
+        f"fewer than min_turns={options.min_turns}), {multi['requests_excluded']:,} requests "
+        f"excluded at max_model_len={options.max_model_len}; lower --min-turns, raise "
+        "--max-model-len or use --policy truncate"
+    )

@@ -1,0 +1,146 @@
+"""The ideal bound: hits in an infinite cache, and token-level against block-level reuse.
+
+The loosest bound needs only each request's longest common prefix with earlier ones, no cache
+model, so it stands apart from the capacity-limited policies.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.metrics.bounds.keys import BlockKeys, TraceIndex, _as_index
+
+DEFAULT_REUSE_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
+
+
+@dataclass(frozen=True)
+class IdealBound:
+    """The infinite-cache hit rate of a trace at one block size."""
+
+    block_size: int
+    requests: int
+    prompt_tokens: int
+    hit_tokens: int
+    hit_rate: float  # hit tokens / prompt tokens
+    requests_with_hit: int
+    multi_turn_hit_share: float | None  # share of hit tokens in turns after the first
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def ideal_hit_blocks(index: TraceIndex, block_size: int) -> np.ndarray:
+    """Blocks each request hits in an infinite cache."""
+    index.check_block_size(block_size)
+    prompt = index.prompt_tokens
+    shared = np.minimum(prompt, index.prior_lcp * index.unit)
+    return np.minimum(shared // block_size, (prompt - 1) // block_size)
+
+
+def ideal_bound(
+    trace: pd.DataFrame | TraceIndex | Sequence[Sequence[int]],
+    block_size: int,
+    *,
+    include_outputs: bool | None = None,
+) -> IdealBound:
+    index = _as_index(trace, include_outputs)
+    hits = ideal_hit_blocks(index, block_size) * block_size
+    total_hits = int(hits.sum())
+    share = None
+    if index.turn_index is not None:
+        share = float(hits[index.turn_index > 0].sum() / total_hits) if total_hits else 0.0
+    prompt_total = index.total_prompt_tokens
+    return IdealBound(
+        block_size=block_size,
+        requests=index.num_requests,
+        prompt_tokens=prompt_total,
+        hit_tokens=total_hits,
+        hit_rate=total_hits / prompt_total if prompt_total else math.nan,
+        requests_with_hit=int((hits > 0).sum()),
+        multi_turn_hit_share=share,
+    )
+
+
+def ideal_hit_rate(
+    trace: pd.DataFrame | TraceIndex | Sequence[Sequence[int]],
+    block_size: int,
+    *,
+    include_outputs: bool | None = None,
+) -> float:
+    """Token-weighted hit rate with an infinite cache (vLLM semantics, see the module doc).
+
+    NaN when the trace has no prompt tokens, as `analysis.metrics.hitrates.Rate.rate` for no
+    admissions: a rate over nothing is undefined, and 0.0 would read as "no reuse".
+    """
+    return ideal_bound(trace, block_size, include_outputs=include_outputs).hit_rate
+
+
+def token_vs_block_reuse(
+    trace: pd.DataFrame | TraceIndex | Sequence[Sequence[int]],
+    block_sizes: Iterable[int] = DEFAULT_REUSE_BLOCK_SIZES,
+    *,
+    include_outputs: bool | None = None,
+) -> pd.DataFrame:
+    """Infinite-cache reuse at token level (a radix tree: longest common prefix with an earlier
+    sequence, capped at prompt_tokens - 1) against whole blocks, one row per granularity.
+
+    `share_of_token_level` is what block granularity keeps of the token-level reuse. A
+    block-hash trace has no token level: its rows start at its own block size.
+    """
+    index = _as_index(trace, include_outputs)
+    prompt = index.prompt_tokens
+    total = index.total_prompt_tokens
+    rows: list[dict[str, Any]] = []
+    token_hits = None
+    if index.kind == "tokens":
+        token_hits = int(np.minimum(index.prior_lcp, prompt - 1).sum())
+        rows.append({"level": "token", "block_size": 1, "hit_tokens": token_hits})
+    for size in block_sizes:
+        hits = int((ideal_hit_blocks(index, int(size)) * int(size)).sum())
+        rows.append({"level": "block", "block_size": int(size), "hit_tokens": hits})
+    frame = pd.DataFrame(rows)
+    frame["prompt_tokens"] = total
+    frame["hit_rate"] = frame["hit_tokens"] / total if total else math.nan
+    frame["share_of_token_level"] = frame["hit_tokens"] / token_hits if token_hits else float("nan")
+    return frame
+
+
+def reuse_distances(
+    trace: pd.DataFrame | TraceIndex | Sequence[Sequence[int]],
+    block_size: int,
+    *,
+    include_outputs: bool | None = None,
+) -> pd.DataFrame:
+    """One row per block hit in an infinite cache: how long ago it was last stored, in requests
+    and in distinct blocks (its LRU stack distance: an LRU cache holds it iff capacity > it)."""
+    index = _as_index(trace, include_outputs)
+    keys = index.block_keys(block_size)
+    distance, gap = index.lru_distances(block_size)
+    warm = np.flatnonzero(distance >= 0)
+    request = np.searchsorted(keys.offsets, warm, side="right") - 1
+    return pd.DataFrame(
+        {
+            "request": request.astype(np.int64),
+            "block": (warm - keys.offsets[request]).astype(np.int64),
+            "requests_since": gap[warm],
+            "distinct_blocks_since": distance[warm],
+        }
+    )
+
+
+def total_ideal_hits_from_keys(keys: BlockKeys) -> np.ndarray:
+    """Blocks each request hits in an infinite cache, from the keys alone (a cross-check of the
+    common-prefix computation): block j hits iff its key was stored by an earlier request."""
+    first = np.full(keys.num_keys, keys.num_requests, np.int64)
+    counts = np.diff(keys.offsets)
+    request = np.repeat(np.arange(keys.num_requests, dtype=np.int64), counts)
+    np.minimum.at(first, keys.keys, request)
+    position = np.arange(keys.keys.shape[0]) - np.repeat(keys.offsets[:-1], counts)
+    hit = (first[keys.keys] < request) & (position < np.repeat(keys.eligible, counts))
+    return np.bincount(request[hit], minlength=keys.num_requests).astype(np.int64)
