@@ -24,6 +24,7 @@ import pytest
 
 from analysis import serving
 from analysis.serving import RunKey, ServerConfig, ServerStartError, VllmServer, loadgen, study
+from analysis.serving import server as serving_server
 
 FAKE_SERVER = textwrap.dedent(
     """\
@@ -73,7 +74,9 @@ FAKE_SERVER = textwrap.dedent(
 def fake_launcher(tmp_path, monkeypatch):
     script = tmp_path / "fake_server.py"
     script.write_text(FAKE_SERVER)
-    monkeypatch.setattr(serving, "server_launcher", lambda model: [sys.executable, str(script)])
+    monkeypatch.setattr(
+        serving_server, "server_launcher", lambda model: [sys.executable, str(script)]
+    )
     return script
 
 
@@ -82,7 +85,7 @@ def _fake_config(**kwargs) -> ServerConfig:
 
 
 def _alive(pgid: int) -> list[int]:
-    return serving._group_members(pgid)
+    return serving_server._group_members(pgid)
 
 
 # ---------------------------------------------------------------------------- fast: lifecycle
@@ -131,7 +134,7 @@ def test_an_error_inside_the_block_still_stops_the_server(fake_launcher):
         pgid = server.pgid
         _ = 1 / 0
     assert _alive(pgid) == []
-    assert serving._LIVE == {}
+    assert serving_server._LIVE == {}
 
 
 def test_a_server_that_exits_during_start_up_reports_its_log_tail(fake_launcher):
@@ -191,7 +194,8 @@ def _read_pgid(parent: subprocess.Popen) -> int:
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_to_the_parent_ends_the_server_group(fake_launcher, tmp_path, signum):
-    patch = f"serving.server_launcher = lambda model: [sys.executable, {str(fake_launcher)!r}]"
+    launcher = f"lambda model: [sys.executable, {str(fake_launcher)!r}]"
+    patch = f"from analysis.serving import server; server.server_launcher = {launcher}"
     parent = _start_parent(tmp_path, patch=patch)
     try:
         pgid = _read_pgid(parent)
@@ -349,8 +353,8 @@ def test_last_error_line_is_found_in_a_traceback_tail():
     tail = (
         "Traceback (most recent call last):\n  File x\nOSError: [Errno 98] Address already in use"
     )
-    assert serving._last_error(tail) == "OSError: [Errno 98] Address already in use"
-    assert serving._last_error("INFO: all fine") == ""
+    assert serving_server._last_error(tail) == "OSError: [Errno 98] Address already in use"
+    assert serving_server._last_error("INFO: all fine") == ""
 
 
 # ---------------------------------------------------------------------------- real vLLM
@@ -451,7 +455,7 @@ def test_real_server_measures_ttft_counts_hits_and_caches_results(
 @pytest.mark.engine
 def test_interrupting_the_client_leaves_no_server_process(tiny_model, tmp_path):
     work = (
-        "import asyncio; from analysis import loadgen\n"
+        "import asyncio; from analysis.serving import loadgen\n"
         "    specs = loadgen.synthetic_prefix_workload(1024, 64, output_tokens=64)\n"
         "    asyncio.run(loadgen.run_burst(server.base_url, server.model_name, specs, 8))"
     )
@@ -531,9 +535,9 @@ def test_group_members_sees_only_live_processes():
         [sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True
     )
     try:
-        assert serving._group_members(child.pid) == [child.pid]
+        assert serving_server._group_members(child.pid) == [child.pid]
         serving.terminate_group(child.pid, child, grace_s=5)
-        assert serving._group_members(child.pid) == []
+        assert serving_server._group_members(child.pid) == []
         assert not psutil.pid_exists(child.pid) or child.poll() is not None
     finally:
         child.kill()

@@ -148,25 +148,6 @@ def folder_dtype(model: str | Path) -> str | None:
     return config.get("torch_dtype") or config.get("dtype")
 
 
-def vllm_dtype(model: str | Path) -> str:
-    """The `dtype` to give vLLM for a model.
-
-    Where the engine's device computes no bf16 (an AVX2 CPU), float32 for every model: vLLM
-    would run a bf16 checkpoint (or "auto") in bf16 there, emulated and ~100x slower, and
-    vLLM's CPU attention kernels stop the process (SIGILL) on it. Random weights (a registered
-    shape) take the machine's choice (`analysis.platform.hardware.choose_dtype`). Otherwise a local
-    folder's own dtype (vLLM's "auto" would turn a float32 checkpoint into bf16), else "auto".
-    """
-    from analysis.models.shapes import load_format
-    from analysis.platform.hardware import choose_dtype, machine
-
-    facts = machine()
-    chosen = choose_dtype(facts=facts).dtype
-    if load_format(str(model)) is not None or (chosen == "float32" and not facts.cuda):
-        return chosen
-    return folder_dtype(model) or "auto"
-
-
 def parameter_count(spec: RandomLlamaSpec, vocab_size: int = 128_256) -> int:
     """Parameters of a spec (tied embeddings), to size timing models without building them."""
     h, i, n = spec.hidden_size, spec.intermediate_size, spec.num_hidden_layers

@@ -189,11 +189,9 @@ def pool_blocks(pair: serving.ServerPair, study: StudyParams) -> int | None:
 
 def kv_pool_blocks(model: str, block_size: int, pool_bytes: int) -> int | None:
     """Blocks that vLLM makes of a `pool_bytes` KV pool for `model` (None: shape unknown)."""
-    from analysis.engines.vllm_args import kv_bytes_per_block
-    from analysis.models import local as models
+    from analysis.models import resolve_model
 
-    dtype = models.vllm_dtype(model)
-    per_block = kv_bytes_per_block(model, block_size, None if dtype == "auto" else dtype)
+    per_block = resolve_model(model).kv_bytes_per_block(block_size)
     return pool_bytes // per_block if per_block else None
 
 

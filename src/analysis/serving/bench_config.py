@@ -1,0 +1,123 @@
+"""What a serving benchmark runs: its configuration (`ServingBenchConfig`), the key of one run
+in it (`RunKey`) and the run id that names the run's folder.
+
+A module of its own because the single run, the whole benchmark and the calibration all take
+the configuration, and the run id must stay the same wherever it is computed (cached runs are
+found by it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from analysis.models import shapes as model_shapes
+from analysis.serving.model_names import model_identity
+from analysis.serving.server import GIB, MODES, ServerConfig
+from analysis.serving.storage import _digest
+
+WORKLOADS = ("synthetic", "sharegpt")
+
+
+@dataclass(frozen=True)
+class ServingBenchConfig:
+    """One benchmark: every (mode, prefix regime, concurrency) run of one workload."""
+
+    model: str | None = None  # None: the CPU default (`prefill-llama`)
+    workload: str = "synthetic"  # synthetic | sharegpt
+    prefixes: tuple[int, ...] = (0, 512, 1024, 2048)  # synthetic only
+    concurrency: tuple[int, ...] = (1, 8)
+    requests: int = 8  # measured requests per run; sharegpt: conversations per run
+    modes: tuple[str, ...] = MODES
+    suffix_tokens: int = 24
+    output_tokens: int = 16
+    warmup_requests: int = 1  # synthetic: sent alone first, to populate the cache
+    max_turns: int = 4  # sharegpt: turns per conversation
+    trace_path: str | None = None  # sharegpt: default data/traces/multi_turn.parquet
+    request_timeout_s: float = 120.0
+    run_deadline_s: float = 600.0
+    seed: int = 0
+    block_size: int = 32
+    max_model_len: int = 4096
+    kv_cache_memory_bytes: int | None = GIB
+    gpu_memory_utilization: float | None = None
+    enforce_eager: bool = True
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    server_extra_args: tuple[str, ...] = ()
+    startup_timeout_s: float = 300.0
+    load_format: str | None = None  # "dummy": a real architecture with random weights (GPU)
+    repeats: int = 1  # measured repeats per cell, each from an emptied cache
+    eligible_share: float = 1.0  # synthetic: share f of requests that use the shared prefix
+    distinct_prefixes: int = 1  # synthetic: eligible requests cycle over this many prefixes
+    churn_every: int = 0  # synthetic: a new prefix version every N measured requests (0: never)
+    gauge_interval_s: float = 0.5  # KV-cache use sampled from /metrics this often (0: never)
+    salt: str = ""  # synthetic: other prompts, same server (a run that must not reuse another's)
+
+    def __post_init__(self) -> None:
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"workload must be one of {WORKLOADS}, got {self.workload!r}")
+        bad = [m for m in self.modes if m not in MODES]
+        if bad:
+            raise ValueError(f"modes must be among {MODES}, got {bad}")
+        if any(c < 1 for c in self.concurrency) or self.requests < 1 or self.repeats < 1:
+            raise ValueError("concurrency, requests and repeats must be >= 1")
+        if not 0.0 <= self.eligible_share <= 1.0:
+            raise ValueError(f"eligible_share must lie in [0, 1], got {self.eligible_share}")
+        longest = max(self.prefixes, default=0) + self.suffix_tokens + self.output_tokens
+        if self.workload == "synthetic" and longest > self.max_model_len:
+            raise ValueError(
+                f"prefix {max(self.prefixes)} + suffix {self.suffix_tokens} + output "
+                f"{self.output_tokens} exceeds max_model_len {self.max_model_len}"
+            )
+
+    def server_config(self, model: str, mode: str) -> ServerConfig:
+        return ServerConfig(
+            model=model,
+            prefix_caching=mode == "cache",
+            block_size=self.block_size,
+            max_model_len=self.max_model_len,
+            kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            enforce_eager=self.enforce_eager,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            seed=self.seed,
+            extra_args=self.server_extra_args,
+            startup_timeout_s=self.startup_timeout_s,
+            load_format=self.load_format or model_shapes.load_format(model),
+        )
+
+    def regimes(self) -> tuple[str, ...]:
+        if self.workload == "sharegpt":
+            return ("sharegpt",)
+        return tuple(str(p) for p in self.prefixes)
+
+
+@dataclass(frozen=True)
+class RunKey:
+    mode: str
+    regime: str  # prefix length, or "sharegpt"
+    concurrency: int
+
+
+def run_id(config: ServingBenchConfig, model: str, key: RunKey, workload_hash: str = "") -> str:
+    """`<workload>-<mode>-p<prefix>-c<concurrency>-<hash>`; the hash covers everything that
+    shapes the run (model, server flags, workload parameters and, for ShareGPT, the prompts
+    themselves: `workload_hash`) except the swept lists."""
+    shaping = asdict(config)
+    for name in (
+        "model",
+        "prefixes",
+        "concurrency",
+        "modes",
+        "startup_timeout_s",
+        "request_timeout_s",
+        "run_deadline_s",
+        "gauge_interval_s",
+    ):
+        shaping.pop(name)
+    shaping.update(model_identity(model), mode=key.mode, regime=key.regime, c=key.concurrency)
+    if workload_hash:
+        shaping["workload_hash"] = workload_hash
+    regime = "sharegpt" if key.regime == "sharegpt" else f"p{key.regime}"
+    return f"{config.workload}-{key.mode}-{regime}-c{key.concurrency}-{_digest(shaping)}"
