@@ -132,10 +132,6 @@ def baseline_replay():
     except ImportError as exc:  # written against the package layout of its time
         print(f"  (replay at {BASELINE_REV} does not import against this package: {exc})")
         return None
-    # The engine API changed since: it takes the resolved model, not its folder.
-    if "model: str" in source:
-        print(f"  (replay at {BASELINE_REV} takes a model folder, not a ResolvedModel: not run)")
-        return None
     return module
 
 

@@ -90,20 +90,24 @@ def resolve_model(
     forces the dtype vLLM is given; `default` is the built-in used when `name` is None."""
     builtin = BUILTIN_MODELS.get(default if name is None else name)
     if builtin is not None:
-        path, weights = str(local.ensure_random_llama(builtin, dtype)), "local random"
+        path = str(local.ensure_random_llama(builtin, dtype))
     elif shapes.is_shape(name):
-        path, weights = str(shapes.materialise(name)), "registered shape"
+        path = str(shapes.materialise(name))
     else:
         local_path = Path(name).expanduser()
         path = str(local_path.resolve()) if local_path.exists() else name
-        weights = "registered shape" if shapes.load_format(path) else "model"
+    load_format = shapes.load_format(name) or shapes.load_format(path)
+    if builtin is not None:
+        weights = "local random"
+    else:
+        weights = "registered shape" if load_format else "model"
     folder_dtype = local.folder_dtype(path)
     vllm_dtype, reason = _vllm_dtype(dtype, weights, folder_dtype)
     return ResolvedModel(
         asked=name,
         path=path,
         weights=weights,
-        load_format=shapes.load_format(name) or shapes.load_format(path),
+        load_format=load_format,
         dtype=vllm_dtype,
         dtype_reason=reason,
         folder_dtype=folder_dtype,
