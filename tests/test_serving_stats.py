@@ -22,6 +22,7 @@ def _requests(ttfts_by_repeat, cached=None, prompt=1000):
                     "ttft_s": ttft,
                     "e2e_s": ttft + 0.3,
                     "tpot_s": 0.1,
+                    "start_s": float(i),
                     "sent_prompt_tokens": prompt,
                     "cached_tokens": None if cached is None else cached[repeat][i],
                 }
@@ -44,16 +45,71 @@ def test_bootstrap_interval_brackets_the_mean_and_narrows_with_more_data():
     assert serving_stats.bootstrap_interval([np.full(5, 2.0)], "p95") == (2.0, 2.0)
 
 
-def test_cell_statistics_pool_repeats_and_skip_warmup():
+def test_cell_statistics_summarise_each_repeat_then_across_repeats_and_skip_warmup():
     frame = _requests([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0]])
     stats = serving_stats.cell_statistics(frame, {0: 1.0, 1: 2.0, 2: 4.0})
     assert stats["repeats"] == 3 and stats["n_measured"] == 6
-    assert stats["mean_ttft_s"] == pytest.approx(2.0)
-    assert stats["mean_ttft_median_s"] == pytest.approx(2.0)
-    assert 1.0 < stats["mean_ttft_lo_s"] <= 2.0 <= stats["mean_ttft_hi_s"] < 3.0
+    assert stats["mean_ttft_s"] == pytest.approx(2.0)  # median of the repeats' means
+    assert stats["mean_ttft_repeats"] == pytest.approx([1.0, 2.0, 3.0])
+    assert stats["mean_ttft_pooled_s"] == pytest.approx(2.0)
+    # the interval resamples repeats: it reaches the outer repeats' values
+    assert stats["mean_ttft_lo_s"] == pytest.approx(1.0)
+    assert stats["mean_ttft_hi_s"] == pytest.approx(3.0)
     assert stats["req_s"] == pytest.approx(1.0)  # median of 2, 1, 0.5 requests/s
+    assert stats["req_s_repeats"] == pytest.approx([2.0, 1.0, 0.5])
     assert 0.5 <= stats["req_s_lo"] <= stats["req_s_hi"] <= 2.0
     assert stats["mean_tpot_s"] == pytest.approx(0.1)
+
+
+def test_the_median_of_repeats_differs_from_the_pooled_mean_when_one_repeat_is_slow():
+    rng = np.random.default_rng(3)
+    quick = [rng.normal(0.3, 0.02, 40) for _ in range(2)]
+    slow = rng.normal(1.5, 0.1, 40)
+    frame = _requests([slow, *quick])
+    stats = serving_stats.cell_statistics(frame, {0: 60.0, 1: 8.0, 2: 8.0})
+    assert stats["mean_ttft_s"] == pytest.approx(np.median([g.mean() for g in (slow, *quick)]))
+    assert stats["mean_ttft_pooled_s"] > 0.6 > stats["mean_ttft_s"]
+    assert stats["outlier_repeats"] == [0]  # flagged, not averaged away
+    assert stats["mean_ttft_hi_s"] > 1.0  # resampling repeats shows the slow one
+
+
+def test_repeats_that_agree_are_not_flagged_and_give_a_narrow_interval():
+    rng = np.random.default_rng(4)
+    groups = [rng.normal(0.5, 0.05, 60) for _ in range(3)]
+    stats = serving_stats.cell_statistics(_requests(groups), {0: 5.0, 1: 5.0, 2: 5.0})
+    assert stats["outlier_repeats"] == []
+    assert stats["mean_ttft_hi_s"] - stats["mean_ttft_lo_s"] < 0.1
+
+
+def test_requests_in_flight_and_the_burst_label_report_what_ran():
+    from analysis.serving.loadgen.request_stats import requests_in_flight
+
+    # four requests started together, each 1 s: never more than 4 in flight
+    burst = pd.DataFrame({"start_s": [0.0, 0.0, 0.0, 0.0], "e2e_s": [1.0, 1.0, 1.0, 1.0]})
+    assert requests_in_flight(burst) == (4, pytest.approx(4.0))
+    # back to back: one at a time
+    serial = pd.DataFrame({"start_s": [0.0, 1.0, 2.0], "e2e_s": [1.0, 1.0, 1.0]})
+    assert requests_in_flight(serial) == (1, pytest.approx(1.0))
+    frame = _requests([[0.1] * 4])
+    frame["start_s"], frame["e2e_s"] = 0.0, 1.0
+    stats = serving_stats.cell_statistics(frame, {0: 1.0}, concurrency=8)
+    assert stats["burst"] and stats["inflight_peak"] == 4 and stats["requests_per_repeat"] == 4
+    assert not serving_stats.cell_statistics(frame, {0: 1.0}, concurrency=1)["burst"]
+
+
+def test_the_one_verdict_rule_is_sign_aware():
+    from analysis.serving.intervals import Interval, compare, ratio_verdict
+
+    low, high = Interval(0.1, 0.05, 0.2), Interval(0.5, 0.3, 0.6)
+    assert compare(low, high) == "lower" and compare(high, low) == "higher"
+    assert compare(Interval(0.1, 0.05, 0.4), high) == "not distinguishable"
+    assert compare(Interval(0.1), high) == "not distinguishable"  # no interval, no verdict
+    faster = Interval(1.025, 1.017, 1.034)  # requests/s on/off above 1: no overhead
+    assert ratio_verdict(faster, above="faster", below="slower") == "faster"
+    assert ratio_verdict(Interval(0.9, 0.85, 0.95), above="faster", below="slower") == "slower"
+    assert ratio_verdict(Interval(1.0, 0.98, 1.01), above="faster", below="slower") == (
+        "no difference beyond noise"
+    )
 
 
 def test_dilution_test_predicts_the_mixture_from_the_measured_hit_share():
@@ -128,7 +184,98 @@ def test_a_sweep_whose_0_percent_ratio_is_far_from_1_is_flagged_as_disturbed():
     loaded = serving_writeup.Facts(StudyParams(), overhead_at_zero=(8.3, 5.0, 11.6))
     assert not serving_writeup.sweep_disturbed(quiet)
     assert serving_writeup.sweep_disturbed(loaded)
-    assert serving_writeup.Interval(0.1, 0.05, 0.2).below(serving_writeup.Interval(0.5, 0.3, 0.6))
-    assert not serving_writeup.Interval(0.1, 0.05, 0.4).below(
-        serving_writeup.Interval(0.5, 0.3, 0.6)
-    )
+
+
+def _repeat_summary(repeat, scale):
+    """A per-repeat summary as `execute_run` writes it, every measured number scaled."""
+    return {
+        "workload": "sharegpt",
+        "mode": "cache",
+        "prefix_regime": "sharegpt",
+        "concurrency": 2,
+        "predicted_saving": 0.4,
+        "predicted_hit_rate": 0.4,
+        "skipped_turns": {"short_conversation": 1},
+        "repeat": repeat,
+        "n_requests": 6,
+        "n_ok": 6,
+        "n_timeout": 0,
+        "n_error": 0,
+        "n_not_sent": 0,
+        "prefix_cache_queries": 100.0 * scale,
+        "prefix_cache_hits": 40.0 * scale,
+        "wall_s": 10.0 * scale,
+        "tok_s": 5.0 / scale,
+        "req_s": 0.6 / scale,
+        "mean_ttft_s": 0.5 * scale,
+        "mean_ttft_first_turn_s": 0.4 * scale,
+        "mean_ttft_later_turns_s": 0.6 * scale,
+        "p50_ttft_s": 0.5 * scale,
+        "warmup_ttft_s": 0.1 * scale,
+        "mean_ttft_incl_warmup_s": 0.5 * scale,
+        "cache_reset": True,
+        "load_1m": [0.5 * scale, 0.6 * scale],
+    }
+
+
+def _conversation_requests(scales):
+    rows = []
+    for repeat, scale in enumerate(scales):
+        for i in range(6):
+            turn = i % 3
+            rows.append(
+                {
+                    "repeat": repeat,
+                    "warmup": False,
+                    "status": "ok",
+                    "turn_index": turn,
+                    "ttft_s": (0.4 if turn == 0 else 0.6) * scale,
+                    "e2e_s": scale,
+                    "tpot_s": 0.05,
+                    "start_s": float(i),
+                    "output_tokens": 4,
+                    "sent_prompt_tokens": 100,
+                    "cached_tokens": 40,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def test_combine_repeats_takes_every_column_from_all_repeats_never_from_repeat_0_alone():
+    from analysis.serving.bench_run import combine_repeats
+
+    scales = [5.0, 1.0, 2.0]  # repeat 0 is the slow one: its values are never the median
+    summaries = [_repeat_summary(r, s) for r, s in enumerate(scales)]
+    cell = combine_repeats(summaries, _conversation_requests(scales))
+    first = summaries[0]
+    for name, value in cell.items():
+        if name in first and isinstance(value, float) and first[name] != summaries[1][name]:
+            assert value != pytest.approx(first[name]), f"{name} is repeat 0's value"
+    # the per-turn columns: medians over all repeats (0.4 x median scale 2.0), and a
+    # partition: first and later turns bracket the whole
+    assert cell["mean_ttft_first_turn_s"] == pytest.approx(0.8)
+    assert cell["mean_ttft_later_turns_s"] == pytest.approx(1.2)
+    assert cell["mean_ttft_first_turn_s"] < cell["mean_ttft_s"] < cell["mean_ttft_later_turns_s"]
+    assert cell["n_ok"] == 18 and cell["repeats"] == 3
+    assert cell["hit_rate"] == pytest.approx(0.4)
+    assert cell["wall_s"] == pytest.approx(80.0)
+    assert cell["tok_s_repeats"] == pytest.approx([1.0, 5.0, 2.5])
+    assert cell["load_1m_max"] == pytest.approx(3.0)
+
+
+def test_combine_repeats_counts_every_repeat_and_refuses_a_lost_one():
+    from analysis.serving.bench_run import combine_repeats
+
+    scales = [1.0, 1.0, 4.0]
+    summaries = [_repeat_summary(r, s) for r, s in enumerate(scales)]
+    frame = _conversation_requests(scales)
+    cell = combine_repeats(summaries, frame)
+    dropped = combine_repeats(summaries[:2], frame[frame["repeat"] < 2])
+    for name in ("n_ok", "repeats", "wall_s", "prefix_cache_queries"):
+        assert cell[name] != dropped[name], name
+    assert cell["mean_ttft_hi_s"] > dropped["mean_ttft_hi_s"]  # the slow repeat is seen
+    with pytest.raises(ValueError, match="repeats"):
+        combine_repeats(summaries[:2], frame)  # a repeat's requests without its summary
+    changed = [*summaries[:2], {**summaries[2], "concurrency": 4}]
+    with pytest.raises(ValueError, match="concurrency"):
+        combine_repeats(changed, frame)

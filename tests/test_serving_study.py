@@ -62,5 +62,11 @@ def test_the_write_up_quotes_a_measured_thrash_case_once():
     text = w.decision_markdown(facts)
     assert text.count(thrash) == 1 and "0.700 s [0.690-0.710]" in text
     claims = w.claims_table(facts).set_index("claim")
-    assert claims.loc[f"003 anti-pattern: {thrash}", "verdict"] == "thrashes: nothing reused"
+    assert claims.loc[f"003 anti-pattern: {thrash}", "verdict"] == (
+        "thrashes: almost nothing reused"
+    )
+    assert "as slow as caching off" in text
+    # thrash measured faster than caching off is said so, not called a total loss
+    facts.ttft[("no_cache", 1024, 1)] = w.Interval(0.80, 0.79, 0.81)
+    assert "a little faster than caching off" in w.decision_markdown(facts)
     assert "thrash" not in w.decision_markdown(w.Facts(study.params("cpu"))).split("Caveats")[0]

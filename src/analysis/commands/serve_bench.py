@@ -43,7 +43,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="repeats per cell, each from an emptied cache (default 1; prefix-sweep: timed "
-        "batches per point, default 2); tables give medians and bootstrap 95 %% intervals",
+        "batches per point, default 2); tables give the median of the repeats with a two-level "
+        "bootstrap 95 %% interval",
     )
     parser.add_argument(
         "--load-format",
@@ -137,7 +138,9 @@ def _run_serving(args: argparse.Namespace) -> None:
     table = serving.run_serving_bench(
         config, force=args.force, progress=not args.no_progress, interleave=not args.no_interleave
     )
-    _print(table[list(serving.SUMMARY_COLUMNS) + ["p50_ttft_s", "hit_rate", "predicted_saving"]])
+    _print(serving.readable_table(table))
+    print()
+    _print(table[["mode", "prefix_regime", "concurrency", "hit_rate", "predicted_saving"]])
     comparison = serving.compare_modes(table)
     if not comparison.empty:
         print()

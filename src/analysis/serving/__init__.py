@@ -9,10 +9,12 @@ neither vllm nor torch. Its modules:
 - `benchmark`: `run_serving_bench` (caching on vs off, every cell) and `ServerPair`.
 - `storage`: run folders written (manifest last) and read back as tables.
 - `calibrate`: one request's cost on a server, and the requests that fit a budget.
-- `tables`: the summary table and caching on against off side by side.
+- `tables`: the summary table, its readable form, and caching on against off side by side.
 - `prefix_sweep`: seed 004's sweep on the in-process engine, and its tables.
 - `loadgen`: workloads (token ids) and the async streaming client that sends them.
-- `stats`: per-cell medians and bootstrap intervals, and the tests of the hit-rate model.
+- `intervals`: a value with its 95 % interval, and `compare`, the one rule for "differs".
+- `stats`: statistics per repeat, then across repeats (median, two-level bootstrap), the
+  odd repeat, requests in flight; and the tests of the hit-rate model.
 - `study`: the serving study of notebooks 08, 10, 11 and 12 (configs, sizing, runs).
 - `writeup`: seed 003's decision write-up and claim table from the measured results.
 - `gpu_check`: `gpu-check`, the real CUDA engine against `replay`, and the GPU timing.
@@ -44,7 +46,12 @@ from analysis.serving.server import (
     terminate_group,
 )
 from analysis.serving.storage import is_finished, load_gauges, load_requests, load_summaries
-from analysis.serving.tables import SUMMARY_COLUMNS, compare_modes, summary_table
+from analysis.serving.tables import (
+    SUMMARY_COLUMNS,
+    compare_modes,
+    readable_table,
+    summary_table,
+)
 
 __all__ = [
     "BUILTIN_MODELS",
@@ -70,6 +77,7 @@ __all__ = [
     "long_prefill_table",
     "plan_requests",
     "ratio_interval",
+    "readable_table",
     "resolve_model",
     "run_id",
     "run_prefix_sweep",

@@ -100,6 +100,11 @@ class RunKey:
     concurrency: int
 
 
+# Bumped when a run's summary changes meaning, so that runs cached before are measured again
+# (2: statistics per repeat, then across repeats; load and requests in flight recorded).
+SUMMARY_SCHEMA = 2
+
+
 def run_id(config: ServingBenchConfig, model: str, key: RunKey, workload_hash: str = "") -> str:
     """`<workload>-<mode>-p<prefix>-c<concurrency>-<hash>`; the hash covers everything that
     shapes the run (model, server flags, workload parameters and, for ShareGPT, the prompts
@@ -117,6 +122,7 @@ def run_id(config: ServingBenchConfig, model: str, key: RunKey, workload_hash: s
     ):
         shaping.pop(name)
     shaping.update(model_identity(model), mode=key.mode, regime=key.regime, c=key.concurrency)
+    shaping["summary_schema"] = SUMMARY_SCHEMA
     if workload_hash:
         shaping["workload_hash"] = workload_hash
     regime = "sharegpt" if key.regime == "sharegpt" else f"p{key.regime}"

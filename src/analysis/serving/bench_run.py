@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import math
+import os
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from analysis.serving import loadgen
@@ -53,6 +55,50 @@ def warm_server(server: VllmServer, config: ServingBenchConfig) -> None:
         )
     )
     server.reset_prefix_cache()
+
+
+# A cell whose machine speed (prefill tokens/s of one request alone) changed by more than this
+# share between its start and its end ran on a machine whose load changed: it is flagged.
+SPEED_CHANGE_BOUND = 0.3
+
+
+def prefill_speed(server: VllmServer, probe_tokens: int = 1024) -> float:
+    """Prefill tokens/s of one uncached request alone, now: the TTFT of a `probe_tokens`
+    prompt less that of a 32-token one, from an emptied cache. Measured before and after
+    each cell, so that load from anything else on the machine shows in the cell's record."""
+    tag = f"{time.perf_counter_ns()}"
+    specs = [
+        loadgen.RequestSpec(
+            request_id=f"speed/{tag}/{n}",
+            prompt_ids=tuple([loadgen.BOS_ID, *loadgen.ordinary_ids(n - 1, "speed", tag)]),
+            max_tokens=1,
+        )
+        for n in (32, probe_tokens)
+    ]
+    server.reset_prefix_cache()
+    results, _ = run_coroutine(
+        loadgen.run_burst(
+            server.base_url, server.model_name, specs, 1, timeout_s=600.0, progress=False
+        )
+    )
+    server.reset_prefix_cache()
+    if any(r.status != "ok" for r in results):
+        return math.nan
+    short, long = (r.ttft_s for r in results)
+    # on a busy machine the gap can vanish: count at least a quarter of the long TTFT
+    return (probe_tokens - 32) / max(long - short, 0.25 * long)
+
+
+def speed_note(before: float, after: float) -> str:
+    """A note when the machine's speed changed beyond `SPEED_CHANGE_BOUND` during a cell."""
+    if not (math.isfinite(before) and math.isfinite(after)) or before <= 0:
+        return ""
+    if abs(after / before - 1.0) <= SPEED_CHANGE_BOUND:
+        return ""
+    return (
+        f"machine speed changed during the cell: prefill {before:,.0f} -> {after:,.0f} tok/s "
+        "(other load; re-run it on a quiet machine)"
+    )
 
 
 def synthetic_specs(config: ServingBenchConfig, key: RunKey) -> list[loadgen.RequestSpec]:
@@ -96,6 +142,16 @@ def _notes(summary: dict, cache_reset: bool) -> str:
         notes.append(f"{summary['num_preemptions']:g} preemptions")
     if not cache_reset:
         notes.append("cache not reset before the run")
+    if summary.get("burst"):
+        notes.append(
+            f"one burst: {summary['requests_per_repeat']} requests per repeat for "
+            f"{summary['concurrency']} clients, at most {summary['inflight_peak']} in flight"
+        )
+    odd = summary.get("outlier_repeats") or []
+    if odd:
+        values = summary.get("mean_ttft_repeats", [])
+        shown = ", ".join(f"{v:.3f}" for v in values)
+        notes.append(f"repeat {', '.join(map(str, odd))} differs (mean TTFT per repeat {shown} s)")
     return "; ".join(notes)
 
 
@@ -170,6 +226,7 @@ def execute_run(
         workload = sharegpt_specs(config) if config.workload == "sharegpt" else None
         workload = workload or synthetic_specs(config, key)
     cache_reset = server.reset_prefix_cache()
+    load_before = os.getloadavg()[0]
     common = dict(
         timeout_s=config.request_timeout_s, deadline_s=config.run_deadline_s, progress=progress
     )
@@ -223,42 +280,92 @@ def execute_run(
         **_predicted(config, groups),
         "cache_reset": cache_reset,
         "repeat": repeat,
+        # the machine's 1-minute load average before and after (our server and client count)
+        "load_1m": [load_before, os.getloadavg()[0]],
     }
     if isinstance(workload, loadgen.ShareGPTWorkload):
-        ok = frame[frame["status"] == "ok"]
-        summary["mean_ttft_first_turn_s"] = float(ok.loc[ok.turn_index == 0, "ttft_s"].mean())
-        summary["mean_ttft_later_turns_s"] = float(ok.loc[ok.turn_index > 0, "ttft_s"].mean())
         summary["skipped_turns"] = dict(workload.skipped_turns)
     summary["notes"] = _notes(summary, cache_reset)
     return frame, summary
 
 
+# What a run's summary holds, by how repeats combine: fixed by the configuration (equal in
+# every repeat), counted (summed), or measured per repeat (summarised across repeats by
+# `serving_stats.cell_statistics` or, for the rest, the median with the values kept).
+CONFIGURED = (
+    "workload",
+    "mode",
+    "prefix_regime",
+    "concurrency",
+    "predicted_saving",
+    "predicted_hit_rate",
+    "skipped_turns",
+)
+COUNTED_PREFIXES = ("n_", "prefix_cache_", "prompt_tokens", "generation_tokens", "warmup_")
+COUNTED = ("num_preemptions", "request_success", "output_tokens", "wall_s")
+PER_REPEAT_MEDIAN = ("tok_s", "warmup_ttft_s", "mean_ttft_incl_warmup_s", "p50_ttft_s")
+
+
+def _counted(name: str) -> bool:
+    return (name.startswith(COUNTED_PREFIXES) and name != "warmup_ttft_s") or name in COUNTED
+
+
+def _same_in_every_repeat(summaries: Sequence[dict[str, Any]], name: str) -> Any:
+    first = summaries[0].get(name)
+    for summary in summaries[1:]:
+        value = summary.get(name)
+        both_nan = isinstance(value, float) and isinstance(first, float) and value != value
+        if value != first and not (both_nan and first != first):
+            raise ValueError(f"repeats of one cell differ in {name!r}: {first!r} and {value!r}")
+    return first
+
+
 def combine_repeats(summaries: Sequence[dict[str, Any]], frame: pd.DataFrame) -> dict[str, Any]:
-    """One cell's summary from its repeats: counts and counter deltas summed, hit rate over
-    the sum, latencies pooled with medians and bootstrap 95 % intervals (serving_stats)."""
+    """One cell's summary from all of its repeats: the configuration (checked equal), counts
+    and counter deltas summed (hit rates over the sums), and every measured statistic per
+    repeat, then across repeats (`serving_stats.cell_statistics`: medians of repeats with
+    two-level bootstrap intervals, per-turn columns included). Nothing is taken from one
+    repeat alone."""
     from analysis.serving import stats as serving_stats
 
-    first = dict(summaries[0])
-    summed = [
-        k
-        for k, v in first.items()
-        if k.startswith(("n_", "prefix_cache_", "prompt_tokens", "generation_tokens"))
-        or k in ("num_preemptions", "request_success", "output_tokens", "wall_s")
-        if isinstance(v, int | float) and not isinstance(v, bool)
+    if not summaries:
+        raise ValueError("a cell needs at least one repeat")
+    repeats = sorted(int(s["repeat"]) for s in summaries)
+    if sorted(frame["repeat"].unique().tolist()) != repeats:
+        raise ValueError(
+            f"the requests' repeats {sorted(frame['repeat'].unique())} are not "
+            f"the summaries' {repeats}"
+        )
+    cell: dict[str, Any] = {
+        name: _same_in_every_repeat(summaries, name) for name in CONFIGURED if name in summaries[0]
+    }
+    numbers = [
+        k for k, v in summaries[0].items() if isinstance(v, int | float) and not isinstance(v, bool)
     ]
-    for name in summed:
-        first[name] = float(sum(s.get(name, 0.0) or 0.0 for s in summaries))
-        if name.startswith("n_"):
-            first[name] = int(first[name])
+    for name in filter(_counted, numbers):
+        total = sum(float(s.get(name, 0.0) or 0.0) for s in summaries)
+        cell[name] = int(total) if name.startswith("n_") else total
     for prefix in ("", "warmup_"):
-        queries = first.get(f"{prefix}prefix_cache_queries", 0.0)
-        hits = first.get(f"{prefix}prefix_cache_hits", 0.0)
-        first[f"{prefix}hit_rate"] = hits / queries if queries else math.nan
+        queries = cell.get(f"{prefix}prefix_cache_queries", 0.0)
+        hits = cell.get(f"{prefix}prefix_cache_hits", 0.0)
+        cell[f"{prefix}hit_rate"] = hits / queries if queries else math.nan
     walls = {int(s["repeat"]): float(s["wall_s"]) for s in summaries}
-    first.update(serving_stats.cell_statistics(frame, walls))
-    first["tok_s"] = float(pd.Series([s["tok_s"] for s in summaries]).median())
-    first["cache_reset"] = all(s.get("cache_reset", False) for s in summaries)
-    first["repeat_req_s"] = [float(s["req_s"]) for s in summaries]
-    first.pop("repeat", None)
-    first["notes"] = _notes(first, first["cache_reset"])
-    return first
+    cell.update(
+        serving_stats.cell_statistics(
+            frame,
+            walls,
+            concurrency=int(cell.get("concurrency", 1)),
+            turn_columns="turn_index" in frame and cell.get("workload") == "sharegpt",
+        )
+    )
+    by_repeat = sorted(summaries, key=lambda s: int(s["repeat"]))
+    for name in (n for n in PER_REPEAT_MEDIAN if n in summaries[0]):
+        values = [float(s[name]) for s in by_repeat]
+        cell[f"{name}_repeats"] = values
+        cell[name] = float(np.nanmedian(values)) if np.isfinite(values).any() else math.nan
+    loads = [s.get("load_1m", [math.nan, math.nan]) for s in by_repeat]
+    cell["load_1m_repeats"] = loads
+    cell["load_1m_max"] = float(np.nanmax(loads)) if np.isfinite(loads).any() else math.nan
+    cell["cache_reset"] = all(s.get("cache_reset", False) for s in summaries)
+    cell["notes"] = _notes(cell, cell["cache_reset"])
+    return cell

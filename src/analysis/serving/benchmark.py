@@ -26,7 +26,9 @@ from analysis.serving.bench_config import RunKey, ServingBenchConfig, run_id
 from analysis.serving.bench_run import (
     combine_repeats,
     execute_run,
+    prefill_speed,
     sharegpt_specs,
+    speed_note,
     synthetic_specs,
     warm_server,
     workload_digest,
@@ -177,6 +179,8 @@ def run_serving_bench(
                 if not keys:
                     continue
                 collected: dict[RunKey, tuple[list, list, list]] = {k: ([], [], []) for k in keys}
+                probe = live_servers[keys[0].mode]
+                speed_before = prefill_speed(probe)
                 for repeat in range(config.repeats):
                     # alternate which mode goes first, so that an order effect cancels out
                     for key in keys if repeat % 2 == 0 else keys[::-1]:
@@ -194,10 +198,17 @@ def run_serving_bench(
                         )
                         frames.append(frame)
                         summaries.append(summary)
+                speed_after = prefill_speed(probe)
                 for key, (frames, summaries, gauges) in collected.items():
                     live = live_servers[key.mode]
                     frame = pd.concat(frames, ignore_index=True)
                     summary = combine_repeats(summaries, frame)
+                    summary["prefill_tok_s_before"] = speed_before
+                    summary["prefill_tok_s_after"] = speed_after
+                    summary["speed_note"] = speed_note(speed_before, speed_after)
+                    summary["notes"] = "; ".join(
+                        n for n in (summary["notes"], summary["speed_note"]) if n
+                    )
                     summary["model"] = served_name(model)
                     summary["server_startup_s"] = live.startup_s
                     summary["interleaved"] = len(live_servers) > 1

@@ -276,26 +276,25 @@ def run_prefix_sweep(
 
 
 def sweep_table(sweep: pd.DataFrame) -> pd.DataFrame:
-    """Per (shared fraction, mode): the median requests/s over the repeats with a bootstrap
-    95 % interval of their mean, and the realized hit rate (prompt tokens the engine served
-    from cache, its own count); then caching on against off side by side with their ratio.
-    The x-axis of seed 004's figure should be `hit_rate_cache`, not the shared fraction."""
+    """Per (shared fraction, mode): the median requests/s of the timed batches with a 95 %
+    interval from resampling the batches (`serving_stats.across_repeats`), and the realized
+    hit rate (prompt tokens the engine served from cache, its own count); then caching on
+    against off side by side with their ratio. The x-axis of seed 004's figure should be
+    `hit_rate_cache`, not the shared fraction."""
     from analysis.serving import stats as serving_stats
 
     rows = sweep[sweep["experiment"] == "sweep"] if "experiment" in sweep.columns else sweep
     records = []
     for (fraction, mode), group in rows.groupby(["fraction", "mode"]):
         rates = group["req_s"].to_numpy(dtype=float)
-        low, high = serving_stats.bootstrap_interval([rates], "mean")
-        if rates.size == 1:
-            low = high = float(rates[0])
+        summary = serving_stats.across_repeats([np.array([rate]) for rate in rates])
         records.append(
             {
                 "fraction": fraction,
                 "mode": mode,
-                "req_s": float(np.median(rates)),
-                "lo": low,
-                "hi": high,
+                "req_s": summary.value,
+                "lo": summary.low if rates.size > 1 else summary.value,
+                "hi": summary.high if rates.size > 1 else summary.value,
                 "hit_rate": float(group["hit_rate"].median()),
                 "batches": len(group),
             }

@@ -1,11 +1,15 @@
-"""Statistics of serving runs: per-cell medians and bootstrap intervals over repeats, and the
-tests of seed 003's hit-rate model (E[TTFT] = h·TTFT_hit + (1-h)·TTFT_miss, the f·h dilution).
+"""Statistics of serving runs, per repeat first: each statistic (mean or p95 of TTFT, TPOT,
+end-to-end latency; requests/s) is computed on every repeat of a cell, and the cell reports the
+median of the repeats' values with a 95 % interval from a two-level bootstrap (resample the
+repeats, then the requests within each), so a repeat unlike the others widens the interval
+instead of vanishing into a pooled mean. A repeat whose own interval does not overlap the
+others' is named in the cell (`outlier_repeats`), not averaged away.
 
-A cell is one (mode, workload regime, concurrency) measured `repeats` times, each repeat from
-an emptied prefix cache. Latency statistics pool the measured requests of all repeats; their
-95 % interval comes from a bootstrap that resamples requests within each repeat (so every
-resample keeps the repeats' sizes). Requests/s has one value per repeat: the interval
-resamples those values (with 3 repeats it is coarse, and says so by being wide).
+Column names say which statistic they hold:
+- `mean_ttft_s`, `p95_ttft_s`, ...: the median over repeats of each repeat's mean (p95);
+- `..._lo_s` / `..._hi_s`: its two-level bootstrap 95 % interval;
+- `..._pooled_s`: the statistic over all repeats' requests pooled;
+- `..._repeats`: one value per repeat, in repeat order.
 
 Nothing here imports vllm or torch, and nothing here asserts on time: these are numbers to
 show, never to compare in a test.
@@ -19,9 +23,15 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pandas as pd
 
+from analysis.serving.intervals import Interval, compare
+from analysis.serving.loadgen.request_stats import requests_in_flight
+
 N_BOOT = 2000
 LEVEL = 0.95
 METRICS = ("ttft", "tpot", "e2e")
+# A cell with fewer measured requests per repeat than this many times its clients never
+# reaches a steady state: it is one burst (the first wave is all there is).
+STEADY_STATE_WAVES = 3
 
 
 def _p95(values: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -29,6 +39,17 @@ def _p95(values: np.ndarray, axis: int = -1) -> np.ndarray:
 
 
 STATISTICS: dict[str, Callable[..., np.ndarray]] = {"mean": np.mean, "p95": _p95}
+
+
+def _finite(values: Sequence[float] | np.ndarray) -> np.ndarray:
+    array = np.asarray(values, dtype=float)
+    return array[np.isfinite(array)]
+
+
+def _percentile_bounds(values: np.ndarray, level: float) -> tuple[float, float]:
+    tail = (1.0 - level) / 2.0 * 100.0
+    low, high = np.percentile(values, [tail, 100.0 - tail])
+    return float(low), float(high)
 
 
 def bootstrap_interval(
@@ -40,60 +61,123 @@ def bootstrap_interval(
     seed: int = 0,
 ) -> tuple[float, float]:
     """Percentile bootstrap interval of `statistic` over the pooled values of `groups`,
-    resampling within each group. (nan, nan) when there are fewer than 2 values."""
-    groups = [np.asarray(g, dtype=float) for g in groups]
-    groups = [g[np.isfinite(g)] for g in groups]
-    groups = [g for g in groups if g.size]
+    resampling within each group (one run's requests: the groups are its sizes, fixed).
+    (nan, nan) when there are fewer than 2 values."""
+    groups = [g for g in (_finite(g) for g in groups) if g.size]
     if sum(g.size for g in groups) < 2:
         return math.nan, math.nan
     rng = np.random.default_rng(seed)
     draws = [g[rng.integers(0, g.size, size=(n_boot, g.size))] for g in groups]
-    pooled = np.concatenate(draws, axis=1)
-    values = STATISTICS[statistic](pooled, axis=1)
-    tail = (1.0 - level) / 2.0 * 100.0
-    low, high = np.percentile(values, [tail, 100.0 - tail])
-    return float(low), float(high)
+    values = STATISTICS[statistic](np.concatenate(draws, axis=1), axis=1)
+    return _percentile_bounds(values, level)
+
+
+def across_repeats(
+    groups: Sequence[np.ndarray],
+    statistic: str = "mean",
+    *,
+    n_boot: int = N_BOOT,
+    level: float = LEVEL,
+    seed: int = 0,
+) -> Interval:
+    """The median over repeats of `statistic` (one group of values per repeat) and its 95 %
+    interval from a two-level bootstrap: draw as many repeats as there are, with replacement,
+    resample each drawn repeat's values, take the statistic per repeat and their median."""
+    groups = [g for g in (_finite(g) for g in groups) if g.size]
+    if not groups:
+        return Interval(math.nan)
+    per_repeat = [float(STATISTICS[statistic](g)) for g in groups]
+    value = float(np.median(per_repeat))
+    if sum(g.size for g in groups) < 2:
+        return Interval(value)
+    rng = np.random.default_rng(seed)
+    slots = len(groups)
+    # each repeat's statistic under resampling of its own values, one per (draw, slot)
+    within = np.stack(
+        [
+            STATISTICS[statistic](g[rng.integers(0, g.size, size=(n_boot, slots, g.size))], axis=2)
+            for g in groups
+        ]
+    )  # (repeat, draw, slot)
+    chosen = rng.integers(0, slots, size=(n_boot, slots))
+    draws = within[chosen, np.arange(n_boot)[:, None], np.arange(slots)[None, :]]
+    low, high = _percentile_bounds(np.median(draws, axis=1), level)
+    return Interval(value, low, high)
+
+
+def outlier_repeats(groups: Sequence[np.ndarray], statistic: str = "mean") -> list[int]:
+    """Positions of the repeats that stand apart: a repeat whose own 95 % interval does not
+    overlap those of more than half of the other repeats (of both others, with 3), by
+    `compare`. None with fewer than 3 repeats, where either of two could be the odd one."""
+    if len(groups) < 3:
+        return []
+    own = [Interval(math.nan, *bootstrap_interval([g], statistic)) for g in groups]
+    odd = []
+    for i, interval in enumerate(own):
+        apart = sum(compare(interval, other) != "not distinguishable" for other in own)
+        if apart > (len(groups) - 1) / 2:
+            odd.append(i)
+    return odd
 
 
 def _stat(values: np.ndarray, statistic: str) -> float:
-    values = values[np.isfinite(values)]
+    values = _finite(values)
     return float(STATISTICS[statistic](values)) if values.size else math.nan
 
 
-def cell_statistics(requests: pd.DataFrame, walls: dict[int, float]) -> dict[str, float]:
-    """One cell's statistics from its per-request rows (column `repeat`; warm-up rows are
-    ignored) and each repeat's measured wall time.
-
-    For each of TTFT, TPOT, e2e and mean/p95: `<stat>_<metric>_s` (pooled over repeats),
-    `..._median_s` (median of the repeats' values), `..._lo_s` / `..._hi_s` (bootstrap 95 %).
-    For requests/s: `req_s` (median of the repeats), `req_s_lo` / `req_s_hi`."""
-    measured = requests[~requests["warmup"].astype(bool)]
-    ok = measured[measured["status"] == "ok"]
-    repeats = sorted(walls)
-    out: dict[str, float] = {"repeats": len(repeats), "n_measured": len(measured)}
+def _latency_columns(ok: pd.DataFrame, repeats: list[int], prefix: str = "") -> dict:
+    out: dict[str, object] = {}
     for metric in METRICS:
-        column = f"{metric}_s"
-        groups = [ok.loc[ok["repeat"] == r, column].to_numpy(dtype=float) for r in repeats]
-        pooled = np.concatenate(groups) if groups else np.array([])
+        groups = [ok.loc[ok["repeat"] == r, f"{metric}_s"].to_numpy(dtype=float) for r in repeats]
         for statistic in STATISTICS:
-            name = f"{statistic}_{metric}"
-            per_repeat = [_stat(g, statistic) for g in groups]
-            out[f"{name}_s"] = _stat(pooled, statistic)
-            out[f"{name}_median_s"] = float(np.nanmedian(per_repeat)) if groups else math.nan
-            out[f"{name}_lo_s"], out[f"{name}_hi_s"] = bootstrap_interval(groups, statistic)
-    rates = np.array(
-        [(ok["repeat"] == r).sum() / walls[r] if walls[r] > 0 else math.nan for r in repeats]
-    )
-    out["req_s"] = float(np.nanmedian(rates)) if rates.size else math.nan
-    out["req_s_lo"], out["req_s_hi"] = bootstrap_interval([rates], "mean")
-    if rates.size == 1:
-        out["req_s_lo"] = out["req_s_hi"] = float(rates[0])
+            name = f"{statistic}_{metric}{prefix}"
+            summary = across_repeats(groups, statistic)
+            out[f"{name}_s"] = summary.value
+            out[f"{name}_lo_s"], out[f"{name}_hi_s"] = summary.low, summary.high
+            out[f"{name}_pooled_s"] = _stat(np.concatenate(groups), statistic)
+            out[f"{name}_repeats"] = [_stat(g, statistic) for g in groups]
     return out
 
 
-def interval_text(value: float, low: float, high: float, unit: str = "s", digits: int = 3) -> str:
-    """`0.123 s [0.110, 0.140]`: a value with its 95 % interval, for generated prose."""
-    return f"{value:.{digits}f} {unit} [{low:.{digits}f}, {high:.{digits}f}]".replace(" ]", "]")
+def cell_statistics(
+    requests: pd.DataFrame,
+    walls: dict[int, float],
+    *,
+    concurrency: int = 1,
+    turn_columns: bool = False,
+) -> dict[str, object]:
+    """One cell's statistics from its per-request rows (column `repeat`; warm-up rows are
+    ignored) and each repeat's measured wall time: every latency statistic per repeat, then
+    the median of repeats with its two-level interval (see the module docstring); requests/s
+    likewise; the repeats whose mean TTFT stands apart; the requests in flight that were
+    measured, beside the `concurrency` configured; and, with `turn_columns`, the same
+    TTFT statistics over first turns and over later turns (from every repeat)."""
+    measured = requests[~requests["warmup"].astype(bool)]
+    ok = measured[measured["status"] == "ok"]
+    repeats = sorted(walls)
+    out: dict[str, object] = {"repeats": len(repeats), "n_measured": len(measured)}
+    out.update(_latency_columns(ok, repeats))
+    if turn_columns:
+        for name, rows in (
+            ("_first_turn", ok[ok["turn_index"] == 0]),
+            ("_later_turns", ok[ok["turn_index"] > 0]),
+        ):
+            columns = _latency_columns(rows, repeats, name)
+            out.update({k: v for k, v in columns.items() if k.startswith(f"mean_ttft{name}")})
+    rates = [(ok["repeat"] == r).sum() / walls[r] if walls[r] > 0 else math.nan for r in repeats]
+    rate = across_repeats([np.array([r]) for r in rates])
+    out["req_s"], out["req_s_lo"], out["req_s_hi"] = rate.value, rate.low, rate.high
+    out["req_s_repeats"] = [float(r) for r in rates]
+    ttfts = [ok.loc[ok["repeat"] == r, "ttft_s"].to_numpy(dtype=float) for r in repeats]
+    out["outlier_repeats"] = [repeats[i] for i in outlier_repeats(ttfts)]
+    per_repeat = [measured[measured["repeat"] == r] for r in repeats]
+    flights = [requests_in_flight(frame) for frame in per_repeat]
+    out["inflight_peak"] = max((peak for peak, _ in flights), default=0)
+    out["inflight_mean"] = float(np.median([mean for _, mean in flights])) if flights else 0.0
+    sizes = [len(frame) for frame in per_repeat]
+    out["requests_per_repeat"] = min(sizes, default=0)
+    out["burst"] = bool(sizes) and min(sizes) < STEADY_STATE_WAVES * concurrency
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -113,6 +197,14 @@ def mixture_prediction(h: float, ttft_hit: float, ttft_miss: float) -> float:
     return h * ttft_hit + (1.0 - h) * ttft_miss
 
 
+def _measured_ok(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame[~frame["warmup"].astype(bool) & (frame["status"] == "ok")]
+
+
+def _ttft_by_repeat(frame: pd.DataFrame) -> list[np.ndarray]:
+    return [g["ttft_s"].to_numpy(dtype=float) for _, g in frame.groupby("repeat", sort=True)]
+
+
 def dilution_test(
     mixed_on: pd.DataFrame,
     all_hit_on: pd.DataFrame,
@@ -123,24 +215,17 @@ def dilution_test(
 ) -> dict[str, float]:
     """Mixed traffic: a share f of requests shares the prefix, the rest have unique prefixes
     of the same length. h (share of measured requests that hit, by the server's counts) is
-    compared with f, and the measured mean TTFT of the mixed run with caching on with the
-    mixture h·TTFT_hit + (1-h)·TTFT_miss, where TTFT_hit is the all-hit run's mean (caching
-    on, f = 1) and TTFT_miss the caching-off run's mean at the same prompt length."""
-
-    def measured_ok(frame: pd.DataFrame) -> pd.DataFrame:
-        return frame[~frame["warmup"].astype(bool) & (frame["status"] == "ok")]
-
-    mixed = measured_ok(mixed_on)
+    compared with f, and the mixed run's mean TTFT with caching on (median of repeats, with
+    its two-level interval) with the mixture h·TTFT_hit + (1-h)·TTFT_miss, where TTFT_hit is
+    the all-hit run's (caching on, f = 1) and TTFT_miss the caching-off run's, each the
+    median of its repeats' means at the same prompt length."""
+    mixed = _measured_ok(mixed_on)
     hits = request_hits(mixed, block_size)
     h = float(hits.mean()) if len(mixed) else math.nan
-    ttft_hit = float(measured_ok(all_hit_on)["ttft_s"].mean())
-    ttft_miss = float(measured_ok(miss_off)["ttft_s"].mean())
+    ttft_hit = across_repeats(_ttft_by_repeat(_measured_ok(all_hit_on))).value
+    ttft_miss = across_repeats(_ttft_by_repeat(_measured_ok(miss_off))).value
     predicted = mixture_prediction(h, ttft_hit, ttft_miss)
-    measured = float(mixed["ttft_s"].mean())
-    groups = [
-        mixed.loc[mixed["repeat"] == r, "ttft_s"].to_numpy() for r in mixed["repeat"].unique()
-    ]
-    low, high = bootstrap_interval(groups, "mean")
+    measured = across_repeats(_ttft_by_repeat(mixed))
     return {
         "eligible_share": eligible_share,
         "hit_share": h,
@@ -149,19 +234,19 @@ def dilution_test(
         "ttft_mixed_hits_s": float(mixed.loc[hits, "ttft_s"].mean()),
         "ttft_mixed_misses_s": float(mixed.loc[~hits, "ttft_s"].mean()),
         "predicted_ttft_s": predicted,
-        "measured_ttft_s": measured,
-        "measured_lo_s": low,
-        "measured_hi_s": high,
+        "measured_ttft_s": measured.value,
+        "measured_lo_s": measured.low,
+        "measured_hi_s": measured.high,
         "predicted_saving": 1.0 - predicted / ttft_miss if ttft_miss else math.nan,
-        "measured_saving": 1.0 - measured / ttft_miss if ttft_miss else math.nan,
-        "prediction_in_interval": bool(low <= predicted <= high),
+        "measured_saving": 1.0 - measured.value / ttft_miss if ttft_miss else math.nan,
+        "prediction_in_interval": bool(measured.low <= predicted <= measured.high),
     }
 
 
 def prefill_line(requests_off: pd.DataFrame) -> tuple[float, float]:
     """Least-squares TTFT = a + b·prompt_tokens over the ok, measured requests of a
     caching-off run: the fixed cost a (s) and the prefill cost b (s per token)."""
-    ok = requests_off[~requests_off["warmup"].astype(bool) & (requests_off["status"] == "ok")]
+    ok = _measured_ok(requests_off)
     x = ok["sent_prompt_tokens"].to_numpy(dtype=float)
     y = ok["ttft_s"].to_numpy(dtype=float)
     if len(x) < 2 or np.ptp(x) == 0:
@@ -173,21 +258,22 @@ def prefill_line(requests_off: pd.DataFrame) -> tuple[float, float]:
 def token_mixture_test(requests_on: pd.DataFrame, requests_off: pd.DataFrame) -> dict[str, float]:
     """Real conversations: each request's own hit share h_i = cached_i / prompt_i (server's
     count). With TTFT_miss(i) = a + b·prompt_i fitted on the caching-off run, the model
-    predicts TTFT_on(i) = a + b·(1 - h_i)·prompt_i; compare its mean with the measured one."""
+    predicts TTFT_on(i) = a + b·(1 - h_i)·prompt_i; compare its mean with the measured one
+    (median of the repeats' means, two-level interval)."""
     a, b = prefill_line(requests_off)
-    ok = requests_on[~requests_on["warmup"].astype(bool) & (requests_on["status"] == "ok")]
+    ok = _measured_ok(requests_on)
     prompt = ok["sent_prompt_tokens"].to_numpy(dtype=float)
     cached = pd.to_numeric(ok["cached_tokens"], errors="coerce").fillna(0).to_numpy(dtype=float)
-    predicted = a + b * (prompt - cached)
-    groups = [ok.loc[ok["repeat"] == r, "ttft_s"].to_numpy() for r in ok["repeat"].unique()]
-    low, high = bootstrap_interval(groups, "mean")
+    predicted = pd.Series(a + b * (prompt - cached), index=ok.index)
+    by_repeat = [predicted[g.index].to_numpy() for _, g in ok.groupby("repeat", sort=True)]
+    measured = across_repeats(_ttft_by_repeat(ok))
     return {
         "fixed_cost_s": a,
         "prefill_s_per_1k_tokens": b * 1000.0,
         "token_hit_rate": float(cached.sum() / prompt.sum()) if prompt.sum() else math.nan,
         "request_hit_share": float((cached > 0).mean()) if len(cached) else math.nan,
-        "predicted_ttft_s": float(predicted.mean()) if len(predicted) else math.nan,
-        "measured_ttft_s": float(ok["ttft_s"].mean()),
-        "measured_lo_s": low,
-        "measured_hi_s": high,
+        "predicted_ttft_s": across_repeats(by_repeat).value,
+        "measured_ttft_s": measured.value,
+        "measured_lo_s": measured.low,
+        "measured_hi_s": measured.high,
     }

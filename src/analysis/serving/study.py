@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from analysis import serving
+from analysis.serving.stats import STEADY_STATE_WAVES
 
 MIB = 1 << 20
 THRASH = "thrash"  # the label the thrash anti-pattern starts with
@@ -33,7 +34,7 @@ class StudyParams:
     model: str | None = None  # None: "prefill-llama" (CPU); a folder or name on a GPU
     load_format: str | None = None  # "dummy": the architecture with random weights
     prefixes: tuple[int, ...] = (0, 256, 1024)  # shared prefix lengths (tokens)
-    concurrency: tuple[int, ...] = (1, 8)  # closed-loop clients
+    concurrency: tuple[int, ...] = (1, 4)  # closed-loop clients
     suffix_tokens: int = 24
     output_tokens: int = 4
     repeats: int = 3
@@ -123,16 +124,17 @@ class Plan:
     """What the calibration chose, to be printed by the notebook."""
 
     calibration: serving.Calibration
-    requests: int
+    requests: int  # measured requests (or conversations, see `unit`) per repeat
     estimate_s: float
     timeout_s: float
+    unit: str = "requests"
 
     def describe(self, what: str) -> str:
         cal = self.calibration
         return (
             f"{what}: calibration {cal.prefill_tok_s:,.0f} prefill tokens/s, "
             f"{cal.decode_step_s * 1e3:.1f} ms per decode step, {cal.fixed_s * 1e3:.0f} ms fixed; "
-            f"chose {self.requests} measured requests per repeat (estimate "
+            f"chose {self.requests} measured {self.unit} per repeat (estimate "
             f"{self.estimate_s:.0f} s); request timeout {self.timeout_s:.0f} s"
         )
 
@@ -145,19 +147,26 @@ def plan(
     budget_s: float | None = None,
     minimum: int | None = None,
     maximum: int | None = None,
+    conversations: bool = False,
 ) -> Plan:
     """Requests per repeat for `cells` ((uncached tokens, output tokens, concurrency) per
-    mode and cell) within the budget, and a request timeout scaled to the slowest cell."""
+    mode and cell) within the budget, at least `STEADY_STATE_WAVES` per client (unless the
+    unit is a `conversations` of several requests), and a request timeout scaled to the
+    slowest cell."""
     cal = serving.calibration(pair, study.bench())
     low = study.min_requests if minimum is None else minimum
-    high = study.max_requests if maximum is None else maximum
+    # enough requests for the most clients to go round several times: a steady state, not
+    # one burst (a closed loop of conversations has several requests per conversation)
+    if not conversations:
+        low = max(low, STEADY_STATE_WAVES * max(c for _, _, c in cells))
+    high = max(low, study.max_requests if maximum is None else maximum)
     budget = study.budget_s if budget_s is None else budget_s
     requests = serving.plan_requests(
         cal, cells, budget, repeats=study.repeats, minimum=low, maximum=high
     )
     estimate = requests * study.repeats * sum(cal.request_s(u, o, c) for u, o, c in cells)
     timeout = max(cal.timeout_s(u + study.suffix_tokens, o, c) for u, o, c in cells)
-    return Plan(cal, requests, estimate, timeout)
+    return Plan(cal, requests, estimate, timeout, "conversations" if conversations else "requests")
 
 
 def synthetic_cells(study: StudyParams) -> list[tuple[int, int, int]]:
@@ -272,7 +281,9 @@ def sharegpt_section(
     c = study.sharegpt_concurrency
     cells = [(int(mean_prompt * turns), study.output_tokens, c)]  # caching off, per conversation
     cells.append((int(mean_prompt * turns * 0.3), study.output_tokens, c))  # on: most is cached
-    chosen = plan(pair, study, cells, minimum=max(c, 4), maximum=study.conversations_max)
+    chosen = plan(
+        pair, study, cells, minimum=max(c, 4), maximum=study.conversations_max, conversations=True
+    )
     config = study.bench(
         workload="sharegpt",
         concurrency=(c,),

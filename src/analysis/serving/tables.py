@@ -1,11 +1,14 @@
 """The serving benchmark's tables: one row per run cell in seed 003's column order
-(`summary_table`), and caching on against off side by side (`compare_modes`).
+(`summary_table`), the same cells for a reader with each statistic named for what it is
+(`readable_table`), and caching on against off side by side (`compare_modes`).
 
 A module of its own: pure pandas on loaded summaries, used by the benchmark, the notebooks
 and the write-up without starting anything.
 """
 
 from __future__ import annotations
+
+import math
 
 import pandas as pd
 
@@ -62,6 +65,57 @@ def summary_table(summaries: pd.DataFrame) -> pd.DataFrame:
     table["_p"] = pd.to_numeric(table["prefix_regime"], errors="coerce")
     table = table.sort_values(["_p", "prefix_regime", "concurrency", "mode"], kind="stable")
     return table.drop(columns="_p").reset_index(drop=True)
+
+
+# Statistics a reader sees, with how each is named in the readable table.
+READABLE_STATISTICS = {
+    "mean_ttft": "mean TTFT (s)",
+    "p95_ttft": "p95 TTFT (s)",
+    "mean_tpot": "mean TPOT (s)",
+    "mean_e2e": "mean e2e (s)",
+    "req_s": "requests/s",
+    "mean_ttft_first_turn": "first turns, mean TTFT (s)",
+    "mean_ttft_later_turns": "later turns, mean TTFT (s)",
+}
+
+
+def _with_interval(row: pd.Series, stat: str, digits: int) -> str:
+    value, low, high = (
+        (row["req_s"], row["req_s_lo"], row["req_s_hi"])
+        if stat == "req_s"
+        else (row[f"{stat}_s"], row[f"{stat}_lo_s"], row[f"{stat}_hi_s"])
+    )
+    if not math.isfinite(value):
+        return "n/a"
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return f"{value:.{digits}f}"
+    return f"{value:.{digits}f} [{low:.{digits}f}-{high:.{digits}f}]"
+
+
+def readable_table(
+    table: pd.DataFrame,
+    statistics: tuple[str, ...] = ("mean_ttft", "p95_ttft", "mean_tpot", "req_s"),
+    *,
+    keys: tuple[str, ...] = ("mode", "prefix_regime", "concurrency"),
+    digits: int = 3,
+) -> pd.DataFrame:
+    """The cells as a reader should see them: each statistic as the median of the repeats
+    with its two-level bootstrap 95 % interval in brackets, the column named so; the mean
+    TTFT of every repeat (an odd repeat is visible, and flagged in the notes); the clients
+    configured next to the requests measured in flight."""
+    repeats = int(table["repeats"].max()) if len(table) else 0
+    out = table[list(keys)].copy()
+    if "concurrency" in keys and "inflight_peak" in table:
+        out["peak in flight"] = table["inflight_peak"].astype(int)
+    for stat in statistics:
+        name = f"{READABLE_STATISTICS[stat]}, median of {repeats} repeats [95 % interval]"
+        out[name] = [_with_interval(row, stat, digits) for _, row in table.iterrows()]
+    if "mean_ttft_repeats" in table:
+        out["mean TTFT per repeat (s)"] = [
+            " / ".join(f"{v:.{digits}f}" for v in values) for values in table["mean_ttft_repeats"]
+        ]
+    out["notes"] = table["notes"]
+    return out.reset_index(drop=True)
 
 
 def compare_modes(table: pd.DataFrame) -> pd.DataFrame:

@@ -1,9 +1,9 @@
 """Seed 003's decision write-up and the per-claim table of seeds 003/004, generated from the
 measured serving results (notebook 12), so that every number in the prose is one the runs
-produced, quoted with its bootstrap 95 % interval.
+produced, quoted with its 95 % interval (median of repeats, two-level bootstrap).
 
-A difference "holds" only when the two intervals do not overlap; otherwise the text says the
-measurement cannot tell them apart. Nothing here imports vllm or torch.
+Whether two values differ is decided by `intervals.compare` alone (intervals that do not
+overlap), for the sentences and the claim rows alike. Nothing here imports vllm or torch.
 """
 
 from __future__ import annotations
@@ -16,26 +16,29 @@ import pandas as pd
 
 from analysis import serving
 from analysis.serving import stats as serving_stats
+from analysis.serving.intervals import (
+    VERDICT_TEXT,
+    Interval,
+    compare,
+    ratio_verdict,
+    verdict_text,
+)
 from analysis.serving.study import THRASH, StudyParams
 
+__all__ = [
+    "Facts",
+    "Interval",
+    "claims_table",
+    "collect",
+    "decision_markdown",
+    "mixture_reading",
+    "mixture_title",
+]
 
-@dataclass
-class Interval:
-    value: float
-    low: float
-    high: float
-
-    def text(self, unit: str = "s", digits: int = 3) -> str:
-        if not math.isfinite(self.value):
-            return "n/a"
-        if not (math.isfinite(self.low) and math.isfinite(self.high)):
-            return f"{self.value:.{digits}f} {unit}".strip()
-        low, high = f"{self.low:.{digits}f}", f"{self.high:.{digits}f}"
-        return f"{self.value:.{digits}f} {unit} [{low}-{high}]"
-
-    def below(self, other: Interval) -> bool:
-        """Lower beyond noise: this interval lies entirely under the other."""
-        return self.high < other.low
+# Seed 003's rule of thumb, quoted (section 9): enable caching from about 1K shared tokens
+# and 8 concurrent requests.
+SEED_RULE_PREFIX = 1024
+SEED_RULE_CONCURRENCY = 8
 
 
 def on_off(cells: dict, prefix: Any, concurrency: Any) -> tuple[Any, Any]:
@@ -52,7 +55,7 @@ def _cell(table: pd.DataFrame, mode: str, **where: Any) -> pd.Series | None:
 
 def _interval(row: pd.Series | None, stat: str) -> Interval:
     if row is None:
-        return Interval(math.nan, math.nan, math.nan)
+        return Interval(math.nan)
     if stat == "req_s":
         return Interval(row["req_s"], row["req_s_lo"], row["req_s_hi"])
     return Interval(row[f"{stat}_s"], row[f"{stat}_lo_s"], row[f"{stat}_hi_s"])
@@ -67,6 +70,10 @@ class Facts:
     tpot: dict[tuple[str, int, int], Interval] = field(default_factory=dict)
     req_s: dict[tuple[str, int, int], Interval] = field(default_factory=dict)
     hit_rate: dict[tuple[int, int], float] = field(default_factory=dict)
+    # what ran per cell: (peak requests in flight, requests per repeat, one burst or not)
+    ran: dict[tuple[str, int, int], tuple[int, int, bool]] = field(default_factory=dict)
+    odd_repeats: dict[tuple[str, Any, int], list[int]] = field(default_factory=dict)
+    speed_notes: dict[tuple[str, Any, int], str] = field(default_factory=dict)
     patterns: dict[str, float] = field(default_factory=dict)  # pattern -> hit rate
     pattern_ttft: dict[str, Interval] = field(default_factory=dict)  # pattern -> mean TTFT
     sharegpt: dict[str, dict[str, Any]] = field(default_factory=dict)  # mode -> values
@@ -93,6 +100,11 @@ def collect(
         facts.ttft[key] = _interval(series, "mean_ttft")
         facts.tpot[key] = _interval(series, "mean_tpot")
         facts.req_s[key] = _interval(series, "req_s")
+        facts.ran[key] = _what_ran(series)
+        if series.get("outlier_repeats"):
+            facts.odd_repeats[key] = list(series["outlier_repeats"])
+        if series.get("speed_note"):
+            facts.speed_notes[key] = str(series["speed_note"])
         if row.mode == "cache":
             facts.hit_rate[key[1:]] = float(row.hit_rate)
     facts.patterns = dict(zip(patterns["pattern"], patterns["hit_rate"], strict=True))
@@ -106,8 +118,12 @@ def collect(
                 "p95_ttft": _interval(row, "p95_ttft"),
                 "tpot": _interval(row, "mean_tpot"),
                 "req_s": _interval(row, "req_s"),
+                "first_turn": _interval(row, "mean_ttft_first_turn"),
+                "later_turns": _interval(row, "mean_ttft_later_turns"),
                 "hit_rate": float(row["hit_rate"]) if mode == "cache" else math.nan,
+                "free_running_ideal": float(row["predicted_hit_rate"]),
                 "run_id": row["run_id"],
+                "odd_repeats": list(row.get("outlier_repeats") or []),
             }
     if len(facts.sharegpt) == 2:
         facts.mixture = serving_stats.token_mixture_test(
@@ -135,18 +151,43 @@ def collect(
     return facts
 
 
+def _what_ran(row: pd.Series) -> tuple[int, int, bool]:
+    return (
+        int(row.get("inflight_peak", 0) or 0),
+        int(row.get("requests_per_repeat", 0) or 0),
+        bool(row.get("burst", False)),
+    )
+
+
+def clients_text(facts: Facts, mode: str, prefix: int, concurrency: int) -> str:
+    """`8 clients`, or what a burst really was: `8 clients configured, one burst of 4
+    requests (at most 4 in flight)`."""
+    peak, per_repeat, burst = facts.ran.get((mode, prefix, concurrency), (0, 0, False))
+    label = f"{concurrency} client{'s' if concurrency != 1 else ''}"
+    if not burst:
+        return label
+    return f"{label} configured, one burst of {per_repeat} requests (at most {peak} in flight)"
+
+
+def _caveats(facts: Facts, prefix: Any, concurrency: int) -> str:
+    """What makes a cell's numbers less sure: a repeat unlike the others, a machine whose
+    speed changed during the cell."""
+    notes = []
+    for mode in ("cache", "no_cache"):
+        key = (mode, prefix, concurrency)
+        label = "on" if mode == "cache" else "off"
+        if key in facts.odd_repeats:
+            repeats = ", ".join(map(str, facts.odd_repeats[key]))
+            notes.append(f"caching {label}: repeat {repeats} stands apart")
+        if key in facts.speed_notes:
+            notes.append(f"caching {label}: {facts.speed_notes[key]}")
+    return f"; {'; '.join(notes)}" if notes else ""
+
+
 def _saving(on: Interval, off: Interval) -> str:
     if not (math.isfinite(on.value) and math.isfinite(off.value)) or off.value <= 0:
         return "n/a"
     return f"{1 - on.value / off.value:.0%}"
-
-
-def _verdict_lower(on: Interval, off: Interval) -> str:
-    if on.below(off):
-        return "lower beyond noise"
-    if off.below(on):
-        return "higher beyond noise"
-    return "not distinguishable"
 
 
 def sweep_disturbed(facts: Facts) -> bool:
@@ -167,13 +208,125 @@ def thrash_line(facts: Facts, prefix: int) -> str | None:
     name = next((p for p in facts.patterns if p.startswith(THRASH)), None)
     if name is None:
         return None
-    shared = facts.pattern_ttft.get("one shared prefix")
-    off = facts.ttft.get(("no_cache", prefix, 1))
+    thrash = facts.pattern_ttft[name]
+    shared = facts.pattern_ttft.get("one shared prefix", Interval(math.nan))
+    off = facts.ttft.get(("no_cache", prefix, 1), Interval(math.nan))
+    against_off = {
+        "lower": "a little faster than caching off, which was measured at another time (runs "
+        "at different times differ by about as much)",
+        "higher": "slower than caching off",
+        "not distinguishable": "as slow as caching off",
+    }[compare(thrash, off)]
     return (
-        f"{name}: hit rate {facts.patterns[name]:.1%}, mean TTFT "
-        f"{facts.pattern_ttft[name].text()}, against {shared.text() if shared else 'n/a'} for "
-        f"one shared prefix and {off.text() if off else 'n/a'} with caching off: a working set "
-        "larger than the KV pool pays the caching-off prefill on every request."
+        f"{name}: hit rate {facts.patterns[name]:.1%}, mean TTFT {thrash.text()}, against "
+        f"{shared.text()} for one shared prefix and {off.text()} with caching off: "
+        f"{against_off}; a working set larger than the KV pool loses nearly every prefix "
+        "before its reuse."
+    )
+
+
+def _sharegpt_line(facts: Facts) -> str:
+    s = facts.study
+    on, off = facts.sharegpt["cache"], facts.sharegpt["no_cache"]
+    line = (
+        f"- Real multi-turn conversations ({s.sharegpt_concurrency} clients; the server writes "
+        "its own short replies, so a turn reuses the previous prompt but not the recorded "
+        f"reply: the free-running case, whose ideal hit rate is {on['free_running_ideal']:.1%}; "
+        f"measured {on['hit_rate']:.1%} by the server's counters): mean TTFT "
+        f"{on['ttft'].text()} on vs {off['ttft'].text()} off "
+        f"({verdict_text(on['ttft'], off['ttft'])}); first turns {on['first_turn'].text()} vs "
+        f"{off['first_turn'].text()}, later turns {on['later_turns'].text()} vs "
+        f"{off['later_turns'].text()}; {on['req_s'].text('req/s', 2)} vs "
+        f"{off['req_s'].text('req/s', 2)}."
+    )
+    for mode in ("cache", "no_cache"):
+        repeats = facts.sharegpt[mode]["odd_repeats"]
+        if repeats:
+            line += (
+                f" Caching {'on' if mode == 'cache' else 'off'}: repeat "
+                f"{', '.join(map(str, repeats))} stands apart from the others (notebook 10's "
+                "table); the median of repeats is not moved by it, the interval shows it."
+            )
+    return line
+
+
+def _rule_line(facts: Facts) -> str:
+    s = facts.study
+    grid = sorted(set(s.prefixes) | {0})
+    clear = _smallest_clear_prefix(facts)
+    if clear is None:
+        return (
+            f"- Rule from these runs: no prefix measured ({', '.join(map(str, grid))} tokens) "
+            "saved TTFT beyond noise at every concurrency."
+        )
+    below = max(p for p in grid if p < clear)
+    seed = (
+        "stricter than these runs need"
+        if clear < SEED_RULE_PREFIX or min(s.concurrency) < SEED_RULE_CONCURRENCY
+        else "consistent with them"
+    )
+    return (
+        f"- Rule from these runs: of the prefixes measured ({', '.join(map(str, grid))} "
+        f"tokens), the shortest that saved TTFT beyond noise at every concurrency "
+        f"({', '.join(map(str, s.concurrency))} clients) was {clear} tokens; nothing between "
+        f"{below} and {clear} was measured, so the threshold is somewhere at or below {clear}. "
+        f"Seed 003's rule of thumb (about {SEED_RULE_PREFIX} shared tokens and "
+        f"{SEED_RULE_CONCURRENCY} concurrent requests) is {seed}. The gain grows with the "
+        "prefix and with concurrency."
+    )
+
+
+def _prediction_inside(m: dict[str, float]) -> bool:
+    return bool(m["measured_lo_s"] <= m["predicted_ttft_s"] <= m["measured_hi_s"])
+
+
+def mixture_title(m: dict[str, float]) -> str:
+    """The figure title of notebook 10's per-request model, as the fit came out."""
+    if _prediction_inside(m):
+        return "TTFT follows the tokens left to prefill"
+    return "TTFT is not set by the tokens left to prefill alone"
+
+
+def _mixture_why(m: dict[str, float]) -> str:
+    if _prediction_inside(m):
+        return "inside the measured interval"
+    return (
+        f"outside the measured interval; the line's fixed cost, {m['fixed_cost_s']:.3f} s, "
+        "holds the wait behind the other clients' prefills, which caching shortens too"
+    )
+
+
+def _mixture_line(m: dict[str, float]) -> str:
+    measured = Interval(m["measured_ttft_s"], m["measured_lo_s"], m["measured_hi_s"])
+    return (
+        f"- {mixture_title(m)}: on the conversations, a + b x (1 - h_i) x prompt_i (fitted on "
+        f"the caching-off requests) predicts {m['predicted_ttft_s']:.3f} s, measured "
+        f"{measured.text()} ({_mixture_why(m)})."
+    )
+
+
+def mixture_reading(m: dict[str, float]) -> str:
+    """Notebook 10's reading of the per-request model, from the fit."""
+    measured = Interval(m["measured_ttft_s"], m["measured_lo_s"], m["measured_hi_s"])
+    return (
+        f"**{mixture_title(m)}.** Fitted on the caching-off requests, TTFT = a + b x prompt "
+        f"tokens gives a = {m['fixed_cost_s']:.3f} s and b = "
+        f"{m['prefill_s_per_1k_tokens']:.3f} s per 1,000 tokens. With each request's own hit "
+        f"share (token hit rate {m['token_hit_rate']:.1%}), the line predicts a mean TTFT of "
+        f"{m['predicted_ttft_s']:.3f} s with caching on; measured {measured.text()} (median of "
+        f"the repeats' means): {_mixture_why(m)}."
+    )
+
+
+def overhead_verdict(facts: Facts) -> str:
+    """Seed 004's overhead at a 0 % hit rate, read with its sign: requests/s on/off above 1
+    is caching on faster, which is no overhead at all."""
+    if sweep_disturbed(facts):
+        return "implausible: load from other jobs fell on one mode; re-run notebook 11 quiet"
+    return ratio_verdict(
+        Interval(*facts.overhead_at_zero),
+        above="no overhead: caching on was faster, a difference between runs, not a cost",
+        below="a measurable overhead: caching on was slower",
     )
 
 
@@ -189,37 +342,28 @@ def decision_markdown(facts: Facts) -> str:
             if on is None or off is None:
                 continue
             lines.append(
-                f"- {prefix}-token shared prefix, {c} client(s): mean TTFT {on.text()} on vs "
-                f"{off.text()} off (saving {_saving(on, off)}; {_verdict_lower(on, off)})."
+                f"- {prefix}-token shared prefix, {clients_text(facts, 'cache', prefix, c)}: "
+                f"mean TTFT {on.text()} on vs {off.text()} off (saving {_saving(on, off)}; "
+                f"{verdict_text(on, off)}){_caveats(facts, prefix, c)}."
             )
     on_r, off_r = on_off(facts.req_s, longest, high_c)
     if on_r and off_r:
         lines.append(
-            f"- Throughput at {high_c} clients, {longest}-token prefix: {on_r.text('req/s', 2)} "
-            f"on vs {off_r.text('req/s', 2)} off."
+            f"- Throughput at {clients_text(facts, 'cache', longest, high_c)}, {longest}-token "
+            f"prefix: {on_r.text('req/s', 2)} on vs {off_r.text('req/s', 2)} off."
         )
     on_t, off_t = on_off(facts.tpot, longest, low_c)
     on_th, off_th = on_off(facts.tpot, longest, high_c)
     if on_t and off_t and on_th and off_th:
         lines.append(
             f"- TPOT at {longest} tokens: {on_t.text()} on vs {off_t.text()} off with "
-            f"{low_c} client(s) ({_verdict_lower(on_t, off_t)}); {on_th.text()} vs "
-            f"{off_th.text()} with {high_c} ({_verdict_lower(on_th, off_th)}): under "
+            f"{low_c} client(s) ({verdict_text(on_t, off_t)}); {on_th.text()} vs "
+            f"{off_th.text()} with {high_c} ({verdict_text(on_th, off_th)}): under "
             "concurrency the queued prefills of caching off delay everyone's decode steps."
         )
     if len(facts.sharegpt) == 2:
-        on_s, off_s = facts.sharegpt["cache"], facts.sharegpt["no_cache"]
-        lines.append(
-            f"- Real multi-turn conversations ({s.sharegpt_concurrency} clients, hit rate "
-            f"{on_s['hit_rate']:.1%} by the server's counters): mean TTFT {on_s['ttft'].text()} "
-            f"on vs {off_s['ttft'].text()} off ({_verdict_lower(on_s['ttft'], off_s['ttft'])}); "
-            f"{on_s['req_s'].text('req/s', 2)} vs {off_s['req_s'].text('req/s', 2)}."
-        )
-    lines.append(
-        f"- Rule from these runs: enable it where requests share at least "
-        f"{_smallest_clear_prefix(facts)} tokens of prefix; the gain grows with the prefix "
-        "and with concurrency (the 256-token row shows how small a short prefix's gain is)."
-    )
+        lines.append(_sharegpt_line(facts))
+    lines.append(_rule_line(facts))
     lines += ["", "### How to detect that it works", ""]
     lines.append(
         "- The server's counters: `vllm:prefix_cache_hits / vllm:prefix_cache_queries` "
@@ -227,21 +371,7 @@ def decision_markdown(facts: Facts) -> str:
         "cached_tokens` (with `--enable-prompt-tokens-details`)."
     )
     if facts.mixture:
-        m = facts.mixture
-        inside = m["measured_lo_s"] <= m["predicted_ttft_s"] <= m["measured_hi_s"]
-        verdict = (
-            "inside the interval"
-            if inside
-            else "outside the interval: with several clients a caching-off TTFT also holds the "
-            "wait behind the other clients' prefills, which the line fitted on those requests "
-            "counts as the request's own tokens, and which caching shortens too"
-        )
-        lines.append(
-            f"- TTFT then follows the tokens left to prefill: on the conversations the model "
-            f"a + b x (1 - h_i) x prompt_i (fitted on the caching-off requests) predicts "
-            f"{m['predicted_ttft_s']:.3f} s, measured {m['measured_ttft_s']:.3f} s "
-            f"[{m['measured_lo_s']:.3f}-{m['measured_hi_s']:.3f}] ({verdict})."
-        )
+        lines.append(_mixture_line(facts.mixture))
     for d in facts.dilution:
         lines.append(
             f"- Mixed traffic, f = {d['eligible_share']:.2f} eligible: measured hit share h = "
@@ -260,17 +390,14 @@ def decision_markdown(facts: Facts) -> str:
         if not pattern.startswith(THRASH):  # the thrash case has its own line below
             lines.append(f"- {pattern}: hit rate {rate:.1%} (one client, {longest}-token prefix).")
     ratio, low, high = facts.overhead_at_zero
-    verdict = "no cost beyond noise" if low <= 1 <= high else "a measurable difference"
-    if sweep_disturbed(facts):
-        verdict = "implausible: load from other jobs fell on one mode; re-run notebook 11 quiet"
     if math.isfinite(ratio):
         lines.append(
             f"- Nothing to reuse: offline requests/s on/off at 0 % shared = {ratio:.3f} "
-            f"[{low:.3f}-{high:.3f}] ({verdict})."
+            f"[{low:.3f}-{high:.3f}] ({overhead_verdict(facts)})."
         )
     thrash = thrash_line(facts, longest) or (
-        "A prefix working set larger than the KV pool thrashes: every request misses and pays "
-        "the caching-off TTFT (measured with the `thrash` parameter, as in the `cpu-study` set)."
+        "A prefix working set larger than the KV pool thrashes (not run here; the `thrash` "
+        "parameter, as in the `cpu-study` set, measures it)."
     )
     lines.append(f"- {thrash} Small models on a fast GPU hide the saving behind fixed costs.")
     lines += ["", "### One sentence for a PM or SRE", ""]
@@ -278,22 +405,23 @@ def decision_markdown(facts: Facts) -> str:
     saving = _saving(on, off) if on and off else "n/a"
     lines.append(
         f"Prefix caching lets the server compute a long shared prompt once and reuse it, which "
-        f"cut first-token latency by {saving} here ({longest}-token prefix, {high_c} clients) "
+        f"cut first-token latency by {saving} here ({longest}-token prefix, "
+        f"{clients_text(facts, 'cache', longest, high_c)}) "
         "at no extra memory; it pays off only where many requests share a long, stable prefix, "
         "and the server's prefix-cache hit counters show whether they do."
     )
     return "\n".join(lines)
 
 
-def _smallest_clear_prefix(facts: Facts) -> str:
-    """The smallest prefix whose TTFT with caching on is below caching off beyond noise at
-    every concurrency measured."""
+def _smallest_clear_prefix(facts: Facts) -> int | None:
+    """The smallest measured prefix whose TTFT with caching on is below caching off beyond
+    noise at every concurrency measured (None: no such prefix)."""
     s = facts.study
     for prefix in sorted(p for p in s.prefixes if p > 0):
         pairs = [on_off(facts.ttft, prefix, c) for c in s.concurrency]
         if all(on and off and on.below(off) for on, off in pairs):
-            return str(prefix)
-    return f"more than {max(s.prefixes)}"
+            return prefix
+    return None
 
 
 def claims_table(facts: Facts) -> pd.DataFrame:
@@ -316,8 +444,12 @@ def claims_table(facts: Facts) -> pd.DataFrame:
     on_t, off_t = on_off(facts.tpot, longest, low_c)
     on_th, off_th = on_off(facts.tpot, longest, high_c)
     if on_t and off_t and on_th and off_th:
-        alone = "holds" if not (on_t.below(off_t) or off_t.below(on_t)) else "differs"
-        loaded = "caching cuts TPOT" if on_th.below(off_th) else "no difference"
+        alone = "holds" if compare(on_t, off_t) == "not distinguishable" else "differs"
+        loaded = {
+            "lower": "caching cuts TPOT",
+            "higher": "caching raises TPOT",
+            "not distinguishable": "no difference",
+        }[compare(on_th, off_th)]
         add(
             "004: caching does not speed up decoding (TPOT)",
             f"c={low_c}: {on_t.text()} vs {off_t.text()}; c={high_c}: {on_th.text()} vs "
@@ -331,7 +463,9 @@ def claims_table(facts: Facts) -> pd.DataFrame:
             "003: prefixes <= 256 tokens: savings lost in noise",
             f"P={short}, c={low_c}: {on_s.text()} vs {off_s.text()} "
             f"(saving {_saving(on_s, off_s)})",
-            "reproduced" if not on_s.below(off_s) else "saving measurable but small in seconds",
+            "reproduced"
+            if compare(on_s, off_s) == "not distinguishable"
+            else f"saving {verdict_text(on_s, off_s)}, small in seconds",
         )
     for d in facts.dilution:
         inside = d["measured_lo_s"] <= d["predicted_ttft_s"] <= d["measured_hi_s"]
@@ -344,22 +478,26 @@ def claims_table(facts: Facts) -> pd.DataFrame:
         )
     if len(facts.sharegpt) == 2:
         a, b = facts.sharegpt["cache"], facts.sharegpt["no_cache"]
+        verdict = compare(a["ttft"], b["ttft"])
         add(
             "003: real chat traffic (session trunk reuse) lowers TTFT",
-            f"hit rate {a['hit_rate']:.1%}: {a['ttft'].text()} vs {b['ttft'].text()}",
-            "reproduced" if a["ttft"].below(b["ttft"]) else "not distinguishable",
+            f"hit rate {a['hit_rate']:.1%} (free-running): {a['ttft'].text()} vs "
+            f"{b['ttft'].text()}",
+            "reproduced" if verdict == "lower" else VERDICT_TEXT[verdict],
         )
     for pattern, rate in facts.patterns.items():
         if pattern.startswith(THRASH):
             add(
                 f"003 anti-pattern: {pattern}",
                 f"hit rate {rate:.1%}; TTFT {facts.pattern_ttft[pattern].text()}",
-                "thrashes: nothing reused" if rate < THRASH_HIT_RATE else "partly reused",
+                "thrashes: almost nothing reused" if rate < THRASH_HIT_RATE else "partly reused",
             )
         elif pattern != "one shared prefix":
             add(f"003 anti-pattern: {pattern}", f"hit rate {rate:.1%}", "each new prefix misses")
     if not facts.sweep.empty:
         top = facts.sweep.iloc[-1]
+        on_q = Interval(top["cache"], top["cache_lo"], top["cache_hi"])
+        off_q = Interval(top["no_cache"], top["no_cache_lo"], top["no_cache_hi"])
         add(
             "004: QPS rises with the hit rate only with caching on",
             f"100 % shared (realized hit {top['cache_hit_rate']:.1%}): "
@@ -367,18 +505,14 @@ def claims_table(facts: Facts) -> pd.DataFrame:
             "timings disturbed by load: re-run"
             if sweep_disturbed(facts)
             else "reproduced"
-            if top["cache_lo"] > top["no_cache_hi"]
-            else "not distinguishable",
+            if compare(on_q, off_q) == "higher"
+            else VERDICT_TEXT[compare(on_q, off_q)],
         )
     ratio, low, high = facts.overhead_at_zero
     add(
         "004: caching overhead at 0 % hit is small",
         f"on/off = {ratio:.3f} [{low:.3f}-{high:.3f}]",
-        "timings disturbed by load: re-run"
-        if sweep_disturbed(facts)
-        else "no cost beyond noise"
-        if low <= 1 <= high
-        else "measurable",
+        overhead_verdict(facts),
     )
     add(
         "004: 'hash but don't cache' arm",

@@ -43,6 +43,25 @@ def latency_stats(frame: pd.DataFrame, prefix: str = "") -> dict[str, float]:
     return stats
 
 
+def requests_in_flight(frame: pd.DataFrame) -> tuple[int, float]:
+    """The most requests in flight at once and the time-weighted mean number in flight over
+    the span from the first start to the last end, from each request's start and end-to-end
+    time (requests without both are left out): what a run's concurrency really was."""
+    start = frame["start_s"].to_numpy(dtype=float)
+    end = start + frame["e2e_s"].to_numpy(dtype=float)
+    keep = np.isfinite(start) & np.isfinite(end)
+    start, end = start[keep], end[keep]
+    if not start.size:
+        return 0, 0.0
+    times = np.concatenate([start, end])
+    steps = np.concatenate([np.ones_like(start), -np.ones_like(end)])
+    order = np.lexsort((steps, times))  # at a tie an end comes before a start
+    times, in_flight = times[order], np.cumsum(steps[order])
+    span = times[-1] - times[0]
+    mean = float(np.sum(in_flight[:-1] * np.diff(times)) / span) if span > 0 else float(len(start))
+    return int(in_flight.max()), mean
+
+
 def summarize_requests(frame: pd.DataFrame, wall_s: float) -> dict[str, Any]:
     """Per-run statistics. Latencies exclude warm-up rows; `*_incl_warmup_s` include them.
 

@@ -1,0 +1,73 @@
+"""A measured value with its 95 % interval, and the one rule that says whether two such values
+differ: every table, claim row and sentence of the serving study asks `compare`, so two places
+cannot call the same pair of cells "higher beyond noise" and "not distinguishable".
+
+A module of its own, below the statistics and the write-up that both use it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+Verdict = Literal["lower", "higher", "not distinguishable"]
+
+# How the verdicts read in prose (for a latency, "lower" is the better direction).
+VERDICT_TEXT: dict[str, str] = {
+    "lower": "lower beyond noise",
+    "higher": "higher beyond noise",
+    "not distinguishable": "not distinguishable",
+}
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A statistic and its 95 % interval (NaN bounds: no interval, e.g. one value)."""
+
+    value: float
+    low: float = math.nan
+    high: float = math.nan
+
+    @property
+    def has_bounds(self) -> bool:
+        return math.isfinite(self.low) and math.isfinite(self.high)
+
+    def text(self, unit: str = "s", digits: int = 3) -> str:
+        """`0.123 s [0.110-0.140]`, or `n/a` when nothing was measured."""
+        if not math.isfinite(self.value):
+            return "n/a"
+        value = f"{self.value:.{digits}f} {unit}".strip()
+        if not self.has_bounds:
+            return value
+        return f"{value} [{self.low:.{digits}f}-{self.high:.{digits}f}]"
+
+    def below(self, other: Interval) -> bool:
+        """Lower beyond noise: this interval lies entirely under the other."""
+        return compare(self, other) == "lower"
+
+
+def compare(a: Interval, b: Interval) -> Verdict:
+    """`a` against `b`: "lower" or "higher" only when their 95 % intervals do not overlap;
+    values without intervals are never told apart."""
+    if not (a.has_bounds and b.has_bounds):
+        return "not distinguishable"
+    if a.high < b.low:
+        return "lower"
+    if b.high < a.low:
+        return "higher"
+    return "not distinguishable"
+
+
+def verdict_text(a: Interval, b: Interval) -> str:
+    """`compare` as prose: "lower beyond noise", "higher beyond noise", "not distinguishable"."""
+    return VERDICT_TEXT[compare(a, b)]
+
+
+def ratio_verdict(ratio: Interval, *, above: str, below: str) -> str:
+    """A ratio (e.g. on/off) with its interval, read against 1 and with its sign: `above` says
+    what a ratio above 1 beyond noise means, `below` what one under 1 means."""
+    verdict = compare(ratio, Interval(1.0, 1.0, 1.0))
+    if verdict == "not distinguishable":
+        return "no difference beyond noise"
+    return above if verdict == "higher" else below
