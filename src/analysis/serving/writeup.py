@@ -382,7 +382,7 @@ def decision_markdown(facts: Facts) -> str:
         )
     lines.append(
         "- Not memory: `vllm:kv_cache_usage_perc` counts cached-but-idle blocks as free, so it "
-        "falls back to zero after a run with caching on too and cannot show the cache "
+        "falls back toward zero as a run ends with caching on too and cannot show the cache "
         "(notebook 10)."
     )
     lines += ["", "### Caveats", ""]
@@ -465,7 +465,8 @@ def claims_table(facts: Facts) -> pd.DataFrame:
             f"(saving {_saving(on_s, off_s)})",
             "reproduced"
             if compare(on_s, off_s) == "not distinguishable"
-            else f"saving {verdict_text(on_s, off_s)}, small in seconds",
+            else f"not reproduced: TTFT {verdict_text(on_s, off_s)} with caching on, "
+            f"{(off_s.value - on_s.value) * 1e3:.0f} ms per request",
         )
     for d in facts.dilution:
         inside = d["measured_lo_s"] <= d["predicted_ttft_s"] <= d["measured_hi_s"]
