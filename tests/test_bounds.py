@@ -406,3 +406,16 @@ def test_importing_the_modules_stays_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_ideal_hits_by_position_by_hand():
+    # block size 2; B shares 4 tokens with A (2 blocks), C shares 2 (1 block), D shares 3 with A
+    # but only its first block is whole; every later hit repeats block 1 or 2 of A's chain
+    prompts = [[1, 2, 3, 4, 5], [1, 2, 3, 4, 6, 7], [1, 2, 9, 9, 9], [1, 2, 3, 8, 8]]
+    table = bounds.ideal_hits_by_position(token_trace(prompts), 2, first_positions=1)
+    table = table.set_index("block_position")
+    assert table.index.tolist() == ["1", "2+"]
+    assert table.loc["1", ["hits", "blocks_hit", "hits_per_block_max"]].tolist() == [3, 1, 3]
+    assert table.loc["2+", ["hits", "blocks_hit", "hits_per_block_mean"]].tolist() == [1, 1, 1.0]
+    assert table["hit_tokens"].sum() == bounds.ideal_bound(token_trace(prompts), 2).hit_tokens
+    assert table["share_of_hit_tokens"].tolist() == pytest.approx([0.75, 0.25])

@@ -215,3 +215,27 @@ def test_legacy_metric_gives_seed_002_exactly_where_tokens_do_not():
     tokens = hitrates.cumulative(table)["cumulative_rate"].to_numpy()
     assert np.allclose(tokens, [k * 32 / ((k + 1) * 40) for k in range(7)])
     assert not np.allclose(tokens, legacy)
+
+
+def test_prompts_hitting_counts_first_admissions_from_the_prompt_start():
+    assert hitrates.prompts_hitting(PREEMPTED, 1) == 2  # b/0 and a/1; the re-admission is not
+    assert hitrates.prompts_hitting(PREEMPTED, 32) == 2
+    assert hitrates.prompts_hitting(PREEMPTED, 33) == 1
+
+
+def test_first_step_sharing_counts_hits_among_the_first_admissions():
+    assert hitrates.first_step_sharing(PREEMPTED) == (2, 1)  # step 1: a/0 misses, b/0 hits
+
+
+def test_same_step_hits_are_reuse_gaps_of_zero():
+    events = pd.DataFrame(
+        {
+            "step": [1, 1, 1, 3],
+            "time_s": [0.1, 0.1, 0.1, 0.3],
+            "event": ["stored", "hit", "hit", "hit"],
+            "block_hash": ["aa", "aa", "aa", "aa"],
+        }
+    )
+    stats = hitrates.block_reuse(events)
+    assert stats["same_step_hits"] == 2
+    assert stats["reuse_gap_steps"]["min"] == 0

@@ -192,3 +192,20 @@ def test_default_capacities_low_end(indexes):
     sizes = bounds.default_capacities(index, BLOCK, 5, low=2)
     assert sizes[0] == 2 and sizes[-1] == distinct
     assert bounds.default_capacities(index, BLOCK, 5, low=10**6) == [distinct]
+
+
+def test_engine_against_lru_puts_each_point_beside_the_bound_at_its_capacity(indexes):
+    index = indexes["multi_turn"]
+    engine = pd.DataFrame(
+        {
+            "trace": ["multi_turn", "multi_turn"],
+            "engine": ["replay", "replay"],
+            "num_blocks": [1, 1000],
+            "first_prefill_rate": [0.0, 0.5],
+        }
+    )
+    table = bounds_plots.engine_against_lru(engine, indexes, BLOCK)
+    expected = bounds.lru_hit_blocks(index, BLOCK, [1, 1000]) * BLOCK / index.total_prompt_tokens
+    assert table["lru_rate"].tolist() == pytest.approx(expected.tolist())
+    assert table["lru_rate"].iloc[1] == pytest.approx(bounds.ideal_hit_rate(index, BLOCK))
+    assert table["first_prefill_rate"].tolist() == [0.0, 0.5]

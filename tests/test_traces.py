@@ -32,6 +32,7 @@ from analysis.data.traces import (
     load_manifest,
     load_trace,
     save_traces,
+    shared_prefix_tokens,
     trace_stats,
     trace_table,
 )
@@ -616,3 +617,12 @@ def test_command_errors_are_one_line(tmp_path):
         run_command("--max-model-len", "4", "--out", str(tmp_path))
     with pytest.raises(AnalysisError, match="not found"):
         run_command("--source", "file", "--path", str(tmp_path / "none.json"))
+
+
+def test_shared_prefix_tokens_is_what_every_prompt_opens_with():
+    assert shared_prefix_tokens([[1, 2, 3, 4], [1, 2, 3, 9], [1, 2, 3]]) == 3
+    assert shared_prefix_tokens([[1, 2], [3]]) == 0
+    assert shared_prefix_tokens([[5, 6, 7]]) == 3
+    assert shared_prefix_tokens([]) == 0
+    frame = pd.DataFrame({"prompt_ids": [np.array([7, 8, 9]), np.array([7, 8])]})
+    assert shared_prefix_tokens(frame) == 2

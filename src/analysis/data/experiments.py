@@ -131,3 +131,39 @@ def length_bin_shares(prompt_tokens: Sequence[int] | np.ndarray) -> pd.Series:
     edges = [0, 200, 400, 600, 800, np.inf]
     counts = np.histogram(tokens, bins=edges)[0]
     return pd.Series(100 * counts / max(len(tokens), 1), index=list(SEED_001_LENGTH_BINS))
+
+
+# Seed 001's printed results (its log, block size 8, V0 engine): its 77 filtered requests per
+# trace, of which 62 single-turn and 23 multi-turn completed. Strings, as the seed printed them.
+SEED_001_RESULTS = {
+    "single-turn": {
+        "requests completed": "62 of 77",
+        "blocks hit / blocks": "3 / 308",
+        "correct hit rate (first prefill)": "0.97%",
+        "vLLM GPU hit rate": "74.14%",
+        "vLLM CPU hit rate": "0.00%",
+    },
+    "multi-turn": {
+        "requests completed": "23 of 77",
+        "blocks hit / blocks": "30 / 128",
+        "correct hit rate (first prefill)": "23.44%",
+        "vLLM GPU hit rate": "81.18%",
+        "vLLM CPU hit rate": "0.00%",
+    },
+}
+
+# Seed 001's "Task 2" table (its "Cache Block Hit Statistics"), as printed.
+SEED_001_TASK2 = {
+    "single-turn": {
+        "blocks hit": "3",
+        "hits per block (mean)": "1.00",
+        "hits per block (max)": "1",
+        "total block reuses": "0",
+    },
+    "multi-turn": {
+        "blocks hit": "16",
+        "hits per block (mean)": "1.88",
+        "hits per block (max)": "4",
+        "total block reuses": "14",
+    },
+}

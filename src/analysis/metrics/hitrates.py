@@ -59,6 +59,22 @@ def first_prefill(admissions: pd.DataFrame) -> Rate:
     return _rate(_first(admissions))
 
 
+def prompts_hitting(admissions: pd.DataFrame, tokens: int) -> int:
+    """Requests whose first admission hit at least `tokens` tokens. A hit runs from the
+    prompt's start, so `tokens` = the block size counts the prompts that hit their first block,
+    and `tokens` = the tokens all prompts share plus a few counts those that also share the
+    opening of the question with an earlier prompt."""
+    return int((_first(admissions)["tokens_hit"] >= tokens).sum())
+
+
+def first_step_sharing(admissions: pd.DataFrame) -> tuple[int, int]:
+    """Requests admitted in a run's first step, and how many of them hit. The cache is empty
+    before that step, so every such hit is on a block another request stored in the same step:
+    vLLM registers a block's hash when it schedules the block, before computing it."""
+    first = admissions[admissions["step"] == admissions["step"].min()]
+    return len(first), int((first["tokens_hit"] > 0).sum())
+
+
 def all_prefill(admissions: pd.DataFrame) -> Rate:
     """Hit tokens / queried tokens over every admission, re-admissions after preemption included.
 
@@ -232,6 +248,7 @@ def block_reuse(block_events: pd.DataFrame | BlockStats) -> dict[str, Any]:
     - hits_per_block_mean / _max: hits of those blocks;
     - total_hits: every hit (sum of hit tokens / block size);
     - repeat_hits: hits beyond each block's first (the seeds' "total block reuses");
+    - same_step_hits: hits 0 steps after the block's store or previous hit (a reuse gap of 0);
     - reuse gaps: for every hit, steps (and, from full events only, seconds) since the
       previous store or hit of the same hash: min, mean, max and quantiles.
 
@@ -256,6 +273,8 @@ def block_reuse(block_events: pd.DataFrame | BlockStats) -> dict[str, Any]:
         "hits_per_block_mean": mean / blocks_hit if blocks_hit else 0.0,
         "hits_per_block_max": int(per_block.index.max()) if blocks_hit else 0,
         "repeat_hits": total_hits - blocks_hit,
+        # hits in the same scheduler step as the block's store or previous hit
+        "same_step_hits": int(stats.reuse_gap_steps.get(0, 0)),
         "reuse_gap_steps": describe_counts(stats.reuse_gap_steps),
         "reuse_gap_seconds": None if events is None else _describe(reuse_gaps(events)[1]),
     }

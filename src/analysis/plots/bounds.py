@@ -65,6 +65,29 @@ def comparable_engine_points(
     return chosen.reset_index(drop=True), note
 
 
+def engine_against_lru(
+    engine: pd.DataFrame, indexes: Mapping[str, object], block_size: int
+) -> pd.DataFrame:
+    """Each engine point (`comparable_engine_points`) next to the LRU bound in trace order and
+    the ideal at the same number of blocks: where the engine sits against the curves it is
+    drawn on. `indexes` maps a trace name to its `bounds.index_trace` of the same sample."""
+    from analysis.metrics import bounds
+
+    frames = []
+    for trace, group in engine.groupby("trace", sort=False):
+        index = indexes[trace]
+        capacities = group["num_blocks"].astype(np.int64).to_numpy()
+        hit_blocks = bounds.lru_hit_blocks(index, block_size, capacities)
+        frames.append(
+            group[["trace", "engine", "num_blocks", "first_prefill_rate"]].assign(
+                lru_rate=hit_blocks * block_size / index.total_prompt_tokens,
+                ideal_rate=bounds.ideal_hit_rate(index, block_size),
+            )
+        )
+    columns = ["trace", "engine", "num_blocks", "first_prefill_rate", "lru_rate", "ideal_rate"]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+
+
 def capacity_curves_figure(
     curves: pd.DataFrame,
     ideal: Mapping[str, float],

@@ -9,7 +9,7 @@ it yields), `build` (conversations to ids), `storage` (Parquet, the manifest, th
 from analysis.data.traces.build import build_traces
 from analysis.data.traces.ensure import ensure_traces
 from analysis.data.traces.options import TRACE_COLUMNS, TraceOptions
-from analysis.data.traces.stats import trace_stats
+from analysis.data.traces.stats import shared_prefix_tokens, trace_stats
 from analysis.data.traces.storage import (
     export_jsonl,
     load_manifest,
@@ -31,6 +31,7 @@ __all__ = [
     "load_manifest",
     "load_trace",
     "save_traces",
+    "shared_prefix_tokens",
     "trace_schema",
     "trace_stats",
     "trace_table",

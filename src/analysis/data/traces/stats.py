@@ -6,6 +6,7 @@ how it was built.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,3 +75,21 @@ def trace_stats(frame: pd.DataFrame) -> TraceStats:
         else 0.0,
     }
     return TraceStats(table, per_conversation, by_turn, summary)
+
+
+def shared_prefix_tokens(prompts: pd.DataFrame | Sequence[Sequence[int]]) -> int:
+    """Tokens every prompt opens with: the longest prefix common to all of them (a trace frame's
+    `prompt_ids`, or a list of id sequences). Under the Llama 3.2 template that is the system
+    block and the first user header, which every request shares whatever its conversation."""
+    sequences = list(prompts["prompt_ids"]) if isinstance(prompts, pd.DataFrame) else list(prompts)
+    if not sequences:
+        return 0
+    common = np.asarray(sequences[0], dtype=np.int64)
+    for sequence in sequences[1:]:
+        other = np.asarray(sequence[: len(common)], dtype=np.int64)
+        length = min(len(other), len(common))
+        differs = np.flatnonzero(common[:length] != other[:length])
+        common = common[: int(differs[0]) if differs.size else length]
+        if not len(common):
+            break
+    return int(len(common))
