@@ -107,13 +107,14 @@ sweep-inline: traces ## run GRID's unfinished points in JOBS processes (EXECUTOR
 	$(PY) -m analysis sweep --grid $(GRID) --executor $(EXECUTOR) --workers $(JOBS)
 
 .PHONY: report
-report: ## set up if needed, build traces, run the sweep, re-execute every notebook; figures + HTML
+report: ## set up if needed, build traces, run the sweep, re-execute every notebook; figures, HTML, README numbers
 	@start=$$(date +%s); $(MAKE) --no-print-directory setup; \
 	  $(PY) -m analysis report --begin --setup-seconds $$(( $$(date +%s) - start ))
 	@$(PY) -m analysis report --stage traces --run '$(MAKE) --no-print-directory traces'
 	@$(PY) -m analysis report --estimate --grid $(GRID)
 	@$(PY) -m analysis report --stage 'sweep' --run '$(MAKE) --no-print-directory sweep-inline'
 	$(PY) -m analysis report
+	$(PY) -m analysis readme
 
 # The serving study at decision grade: cpu-study (the CPU model, 288 requests per cell, 1-32
 # clients, thrash; 14 minutes on 2 cores with bf16, longer in float32, whose prefill is 3.5x
@@ -123,6 +124,7 @@ STUDY ?= cpu-study
 .PHONY: study
 study: setup ## serving notebooks 08, 10, 11, 12 with the STUDY parameter set into figures/<STUDY>/
 	$(PY) -m analysis report --profile $(STUDY)
+	$(PY) -m analysis readme
 
 .PHONY: FORCE
 FORCE:

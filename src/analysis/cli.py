@@ -17,6 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve-bench": ("serve_bench", "TTFT and throughput against a real vLLM server"),
     "gpu-check": ("gpu_check", "prove a GPU machine: real engine vs replay, then GPU timing"),
     "report": ("report", "re-execute the notebooks with papermill and build the HTML report"),
+    "readme": ("readme", "rewrite README.md's generated blocks from committed notebook outputs"),
 }
 
 
