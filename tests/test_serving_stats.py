@@ -140,6 +140,13 @@ def test_token_mixture_uses_the_prefill_line_of_the_caching_off_run():
     assert result["prefill_s_per_1k_tokens"] == pytest.approx(1.0)
     assert result["predicted_ttft_s"] == pytest.approx(0.2)
     assert result["token_hit_rate"] == pytest.approx(800 / 900)
+    assert result["line_r_squared"] == pytest.approx(1.0)  # the points lie on the line
+    from analysis.serving import writeup as w
+
+    inside = {**result, "measured_lo_s": 0.15, "measured_hi_s": 0.25}  # one request: no interval
+    assert w.mixture_title(inside) == "TTFT follows the tokens left to prefill"
+    scattered = {**inside, "line_r_squared": 0.1}  # a line that explains little
+    assert w.mixture_title(scattered) == "TTFT is not set by the tokens left to prefill alone"
 
 
 def _random_prompts(count, seed=0):

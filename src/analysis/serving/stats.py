@@ -259,8 +259,12 @@ def token_mixture_test(requests_on: pd.DataFrame, requests_off: pd.DataFrame) ->
     """Real conversations: each request's own hit share h_i = cached_i / prompt_i (server's
     count). With TTFT_miss(i) = a + b·prompt_i fitted on the caching-off run, the model
     predicts TTFT_on(i) = a + b·(1 - h_i)·prompt_i; compare its mean with the measured one
-    (median of the repeats' means, two-level interval)."""
+    (median of the repeats' means, two-level interval). `line_r_squared` says how much of the
+    caching-off TTFTs the line explains at all."""
     a, b = prefill_line(requests_off)
+    off = _measured_ok(requests_off)
+    residual = off["ttft_s"] - (a + b * off["sent_prompt_tokens"])
+    spread = float(((off["ttft_s"] - off["ttft_s"].mean()) ** 2).sum())
     ok = _measured_ok(requests_on)
     prompt = ok["sent_prompt_tokens"].to_numpy(dtype=float)
     cached = pd.to_numeric(ok["cached_tokens"], errors="coerce").fillna(0).to_numpy(dtype=float)
@@ -270,6 +274,8 @@ def token_mixture_test(requests_on: pd.DataFrame, requests_off: pd.DataFrame) ->
     return {
         "fixed_cost_s": a,
         "prefill_s_per_1k_tokens": b * 1000.0,
+        # the share of the caching-off TTFTs' variance that the line explains
+        "line_r_squared": 1.0 - float((residual**2).sum()) / spread if spread else math.nan,
         "token_hit_rate": float(cached.sum() / prompt.sum()) if prompt.sum() else math.nan,
         "request_hit_share": float((cached > 0).mean()) if len(cached) else math.nan,
         "predicted_ttft_s": across_repeats(by_repeat).value,

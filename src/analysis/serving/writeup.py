@@ -276,23 +276,35 @@ def _rule_line(facts: Facts) -> str:
     )
 
 
+# The caching-off line must explain at least this share of its TTFTs' variance before TTFT
+# can be said to follow the tokens left to prefill.
+LINE_R_SQUARED = 0.5
+
+
 def _prediction_inside(m: dict[str, float]) -> bool:
     return bool(m["measured_lo_s"] <= m["predicted_ttft_s"] <= m["measured_hi_s"])
 
 
+def _tokens_set_ttft(m: dict[str, float]) -> bool:
+    return _prediction_inside(m) and m.get("line_r_squared", 0.0) >= LINE_R_SQUARED
+
+
 def mixture_title(m: dict[str, float]) -> str:
     """The figure title of notebook 10's per-request model, as the fit came out."""
-    if _prediction_inside(m):
+    if _tokens_set_ttft(m):
         return "TTFT follows the tokens left to prefill"
     return "TTFT is not set by the tokens left to prefill alone"
 
 
 def _mixture_why(m: dict[str, float]) -> str:
-    if _prediction_inside(m):
-        return "inside the measured interval"
+    inside = "inside" if _prediction_inside(m) else "outside"
+    why = f"{inside} the measured interval; the line explains {m['line_r_squared']:.0%} of "
+    why += "the caching-off TTFTs' variance"
+    if _tokens_set_ttft(m):
+        return why
     return (
-        f"outside the measured interval; the line's fixed cost, {m['fixed_cost_s']:.3f} s, "
-        "holds the wait behind the other clients' prefills, which caching shortens too"
+        f"{why}, and its fixed cost, {m['fixed_cost_s']:.3f} s, holds the wait behind the "
+        "other clients' prefills, which caching shortens too"
     )
 
 
