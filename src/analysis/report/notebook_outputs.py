@@ -11,12 +11,14 @@ form the serving notebooks print (one column per bound, or `value [low-high]`).
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from analysis.platform.errors import AnalysisError
+from analysis.serving.intervals import Interval, compare
 
 Row = dict[str, str]
 
@@ -61,12 +63,14 @@ class Stat:
     def number(self) -> float:
         return float(self.value.replace(",", ""))
 
+    @property
+    def interval(self) -> Interval:
+        bounds = (float(self.low), float(self.high)) if self.low else (math.nan, math.nan)
+        return Interval(math.nan if self.value == "n/a" else self.number, *bounds)
+
     def overlaps(self, other: Stat) -> bool:
         """Whether the two intervals overlap (values without an interval always do)."""
-        if not (self.low and other.low):
-            return True
-        low, high = float(self.low), float(self.high)
-        return low <= float(other.high) and float(other.low) <= high
+        return compare(self.interval, other.interval) == "not distinguishable"
 
 
 class Outputs:

@@ -8,6 +8,7 @@ intervals) say so by their wording. Every line names the notebook and cell it re
 
 from __future__ import annotations
 
+import math
 import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from analysis.report.notebook_outputs import (
     statistic,
     statistic_label,
 )
+from analysis.serving.intervals import Interval, ratio_verdict
 
 STUDY = "figures/cpu-study"
 # The p95 TTFT target of the "throughput at a latency target" line (seconds): a reading choice.
@@ -76,11 +78,12 @@ def _clients(count: int) -> str:
 
 def overhead_reading(low: str, high: str) -> str:
     """What an on/off requests/s interval at a 0 % hit rate says, sign included."""
-    if float(low) > 1:
-        return "caching on faster: no overhead shows (an overhead would put the ratio below 1)"
-    if float(high) < 1:
-        return "caching on slower: an overhead beyond noise"
-    return "the interval includes 1: no difference beyond noise"
+    reading = ratio_verdict(
+        Interval(math.nan, float(low), float(high)),
+        above="caching on faster: no overhead shows (an overhead would put the ratio below 1)",
+        below="caching on slower: an overhead beyond noise",
+    )
+    return "the interval includes 1: " + reading if reading.startswith("no ") else reading
 
 
 # -- hit rates (notebooks 05 and 06) ------------------------------------------------------------

@@ -85,8 +85,14 @@ def prefill_speed(server: VllmServer, probe_tokens: int = 1024) -> float:
     if any(r.status != "ok" for r in results):
         return math.nan
     short, long = (r.ttft_s for r in results)
-    # on a busy machine the gap can vanish: count at least a quarter of the long TTFT
-    return (probe_tokens - 32) / max(long - short, 0.25 * long)
+    return prefill_rate(short, long, probe_tokens)
+
+
+def prefill_rate(short_ttft: float, long_ttft: float, probe_tokens: int) -> float:
+    """Prefill tokens/s from the TTFTs of a 32-token and a `probe_tokens` prompt. Noise on a
+    busy machine can make the gap tiny or negative: at least a quarter of the long request's
+    TTFT counts as its prefill (a conservative, slower estimate)."""
+    return (probe_tokens - 32) / max(long_ttft - short_ttft, 0.25 * long_ttft)
 
 
 def speed_note(before: float, after: float) -> str:

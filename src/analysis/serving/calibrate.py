@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from analysis.platform.manifest import read_json, write_json
 from analysis.serving import loadgen
 from analysis.serving.bench_config import ServingBenchConfig
-from analysis.serving.bench_run import run_coroutine
+from analysis.serving.bench_run import prefill_rate, run_coroutine
 from analysis.serving.benchmark import ServerPair
 from analysis.serving.model_names import model_identity, resolve_model
 from analysis.serving.server import VllmServer
@@ -70,10 +70,7 @@ def measure_calibration(server: VllmServer, probe_tokens: int = 1024) -> Calibra
     server.reset_prefix_cache()
     fixed = min(r.ttft_s for r in short)
     step = min((r.e2e_s - r.ttft_s) / max(r.output_tokens - 1, 1) for r in short)
-    longest = min(r.ttft_s for r in long)
-    # noise on a busy machine can make the gap tiny or negative: count at least a quarter
-    # of the long request's TTFT as its prefill (a conservative, slower estimate)
-    prefill = (probe_tokens - 32) / max(longest - fixed, 0.25 * longest)
+    prefill = prefill_rate(fixed, min(r.ttft_s for r in long), probe_tokens)
     return Calibration(prefill, fixed, step, probe_tokens)
 
 

@@ -8,9 +8,9 @@ and the write-up without starting anything.
 
 from __future__ import annotations
 
-import math
-
 import pandas as pd
+
+from analysis.serving.intervals import Interval
 
 SUMMARY_COLUMNS = (
     "mode",
@@ -80,16 +80,12 @@ READABLE_STATISTICS = {
 
 
 def _with_interval(row: pd.Series, stat: str, digits: int) -> str:
-    value, low, high = (
-        (row["req_s"], row["req_s_lo"], row["req_s_hi"])
+    names = (
+        ("req_s", "req_s_lo", "req_s_hi")
         if stat == "req_s"
-        else (row[f"{stat}_s"], row[f"{stat}_lo_s"], row[f"{stat}_hi_s"])
+        else (f"{stat}_s", f"{stat}_lo_s", f"{stat}_hi_s")
     )
-    if not math.isfinite(value):
-        return "n/a"
-    if not (math.isfinite(low) and math.isfinite(high)):
-        return f"{value:.{digits}f}"
-    return f"{value:.{digits}f} [{low:.{digits}f}-{high:.{digits}f}]"
+    return Interval(*(row[name] for name in names)).text("", digits)
 
 
 def readable_table(
@@ -112,7 +108,8 @@ def readable_table(
         out[name] = [_with_interval(row, stat, digits) for _, row in table.iterrows()]
     if "mean_ttft_repeats" in table:
         out["mean TTFT per repeat (s)"] = [
-            " / ".join(f"{v:.{digits}f}" for v in values) for values in table["mean_ttft_repeats"]
+            " / ".join(f"{v:.{digits}f}" for v in values) if isinstance(values, list) else "n/a"
+            for values in table["mean_ttft_repeats"]
         ]
     out["notes"] = table["notes"]
     return out.reset_index(drop=True)
