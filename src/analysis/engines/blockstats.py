@@ -144,11 +144,17 @@ def _quantile(values: np.ndarray, ends: np.ndarray, n: int, q: float) -> float:
 
 
 def hash_codes(block_events: pd.DataFrame) -> np.ndarray:
-    """An integer code per distinct block hash."""
+    """An integer code per distinct block: its hash, and in a fleet its replica (one hash held
+    by two replicas is two blocks)."""
     hashes = block_events["block_hash"]
     if isinstance(hashes.dtype, pd.CategoricalDtype):
-        return hashes.cat.codes.to_numpy()
-    return pd.factorize(hashes)[0]
+        codes = hashes.cat.codes.to_numpy()
+    else:
+        codes = pd.factorize(hashes)[0]
+    if "replica" not in block_events:
+        return codes
+    replicas = block_events["replica"].to_numpy().astype(np.int64)
+    return pd.factorize(codes.astype(np.int64) * (int(replicas.max(initial=0)) + 1) + replicas)[0]
 
 
 def reuse_gaps(block_events: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:

@@ -21,13 +21,27 @@ from typing import Any
 from analysis.platform.errors import ConfigError
 from analysis.platform.hardware import DTYPES
 
-ENGINES = ("replay", "vllm")
+ENGINES = ("replay", "vllm", "fleet")
 MODES = ("batch", "closed-loop")
 OUTPUTS = ("recorded", "free")
 DEVICES = ("cpu", "cuda")
 HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 LONG_PROMPTS = ("skip", "error")
 BLOCK_EVENTS = ("aggregate", "full")
+# Fleet routers (classes in analysis.engines.fleet.routers) and the parameter each may take,
+# written after its name: "affinity-cap1.25" caps a replica at 1.25x the mean load (bounded
+# load), "prefix-load-beta0.5" weighs load against cached prefix.
+ROUTERS = {
+    "round-robin": None,
+    "least-loaded": None,
+    "affinity": "cap",
+    "approx-prefix": None,
+    "precise-prefix": None,
+    "prefix-load": "beta",
+}
+# Fields only a fleet reads: left out of other engines' identity (and so of the ids of runs
+# made before they existed).
+FLEET_FIELDS = ("replicas", "router")
 # The CPU attention backend only takes block sizes that are multiples of this.
 CPU_BLOCK_MULTIPLE = 32
 # The local random model's context (analysis.models.local.TINY.max_position_embeddings).
@@ -61,6 +75,8 @@ class RunConfig:
     # else float32; analysis.platform.hardware.choose_dtype); "bfloat16" or "float32" forces it.
     dtype: str | None = None
     block_events: str = "aggregate"  # write "aggregate"s of the block events, or "full" rows
+    replicas: int = 1  # fleet: replay engines behind one router, each with num_blocks blocks
+    router: str = "round-robin"  # fleet: which replica a request goes to (ROUTERS)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -88,6 +104,8 @@ class RunConfig:
             parts.append(f"first{self.limit}")
         if self.dtype is not None:
             parts.append(self.dtype)
+        if self.engine == "fleet":
+            parts.append(f"x{self.replicas}-{self.router}")
         return "-".join(parts)
 
     def config_id(self, trace_hash: str) -> str:
@@ -115,6 +133,9 @@ def config_digest(config: RunConfig, trace_hash: str, extra: str = "") -> str:
     data = config.to_dict()
     if data["dtype"] is None:  # by capability: the ids of runs made before the field existed
         del data["dtype"]
+    if config.engine != "fleet":
+        for name in FLEET_FIELDS:
+            del data[name]
     payload = json.dumps(
         {"config": data, "trace_hash": trace_hash, "extra": extra},
         sort_keys=True,
@@ -139,6 +160,13 @@ def validate(config: RunConfig, *, check_environment: bool = True) -> None:
     _check_positive("max_model_len", config.max_model_len)
     _check_positive("max_num_seqs", config.max_num_seqs)
     _check_positive("concurrency", config.concurrency)
+    _check_positive("replicas", config.replicas)
+    if config.engine == "fleet":
+        router_spec(config.router)
+    elif config.replicas != 1:
+        raise ConfigError(
+            f"replicas={config.replicas} needs engine='fleet' (replay engines behind a router)"
+        )
     for name in ("max_num_batched_tokens", "max_output_tokens", "limit"):
         value = getattr(config, name)
         if value is not None:
@@ -189,6 +217,29 @@ def validate(config: RunConfig, *, check_environment: bool = True) -> None:
             )
     if check_environment:
         check_environment_for(config)
+
+
+def router_spec(spec: str) -> tuple[str, float | None]:
+    """("affinity", 1.25) for "affinity-cap1.25", ("round-robin", None) for "round-robin";
+    ConfigError for anything else."""
+    spec = str(spec)
+    if spec in ROUTERS:
+        return spec, None
+    for name, parameter in ROUTERS.items():
+        head = f"{name}-{parameter}"
+        if parameter is None or not spec.startswith(head):
+            continue
+        try:
+            value = float(spec[len(head) :])
+        except ValueError:
+            break
+        low_ok = value > 1 if parameter == "cap" else value >= 0
+        if not (low_ok and math.isfinite(value)):
+            bound = "above 1" if parameter == "cap" else "0 or more"
+            raise ConfigError(f"router={spec!r}: the {parameter} must be a number {bound}")
+        return name, value
+    choices = ", ".join(n if p is None else f"{n} (or {n}-{p}<number>)" for n, p in ROUTERS.items())
+    raise ConfigError(f"router={spec!r}: no such router; use one of {choices}")
 
 
 def check_environment_for(config: RunConfig) -> None:

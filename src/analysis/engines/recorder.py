@@ -18,6 +18,10 @@ itself does the accounting:
 
 Steps are vLLM's own counter (`Scheduler.current_step`, one per `schedule()` call); the
 driver announces each step with `mark_step` before running it.
+
+A fleet attaches one recorder to each replica's scheduler (`attach(scheduler, replica)`):
+replicas step one after the other, so the rows stay in order, and each admission, preemption
+and block event keeps the replica it happened on (the frames get a `replica` column).
 """
 
 from __future__ import annotations
@@ -79,15 +83,18 @@ class Recorder:
         self.adm_queried = array("q")
         self.adm_hit = array("q")
         self.adm_step = array("i")
+        self.adm_replica = array("h")
         # one entry per preemption
         self.pre_request = array("i")
         self.pre_step = array("i")
+        self.pre_replica = array("h")
         # block events
         self.ev_step = array("i")
         self.ev_kind = array("b")
         self.ev_block = array("i")
         self.ev_request = array("i")
         self.ev_key: list[bytes] = []
+        self.ev_replica = array("h")
         self._pending_hits = 0  # hit events not yet given their admitting request
         # step -> seconds since start (index = step number; step 0 is before the first)
         self.step_seconds = array("d", [0.0])
@@ -101,13 +108,15 @@ class Recorder:
         self.finish_seconds = np.full(n, np.nan)
         self.output_tokens = np.zeros(n, dtype=np.int64)
         self.finish_reason: list[str | None] = [None] * n
+        self.replica_of = np.full(n, -1, dtype=np.int16)  # a fleet's routing decisions
+        self.fleet = False  # set by a fleet driver: the frames get a `replica` column
         self.scheduler: Any = None
         self.caching_metrics: Any = None
         self.step = 0  # the step being run (set by the driver before each step)
 
     # ----------------------------------------------------------------- attaching to vLLM
-    def attach(self, scheduler: Any) -> None:
-        """Wrap the accounting points of this scheduler instance."""
+    def attach(self, scheduler: Any, replica: int = 0) -> None:
+        """Wrap the accounting points of this scheduler instance (replica `replica` of a fleet)."""
         self.scheduler = scheduler
         manager = scheduler.kv_cache_manager
         pool = manager.block_pool
@@ -129,6 +138,7 @@ class Recorder:
             self.adm_queried.append(request.num_tokens)
             self.adm_hit.append(num_hits)
             self.adm_step.append(step_of())
+            self.adm_replica.append(replica)
             if self._pending_hits:
                 events = self.ev_request
                 for position in range(len(events) - self._pending_hits, len(events)):
@@ -139,8 +149,9 @@ class Recorder:
 
         from vllm.v1.metrics.stats import CachingMetrics
 
-        # what vLLM's logging stat logger feeds the same per-step stats into
-        self.caching_metrics = CachingMetrics()
+        # what vLLM's logging stat logger feeds the same per-step stats into (one for a fleet)
+        if self.caching_metrics is None:
+            self.caching_metrics = CachingMetrics()
         make_stats = scheduler.make_stats
 
         def make_stats_and_sum(*args: Any, **kwargs: Any) -> Any:
@@ -157,12 +168,13 @@ class Recorder:
         def preempt_and_record(request: Any, *args: Any, **kwargs: Any) -> Any:
             self.pre_request.append(ids[request.request_id])
             self.pre_step.append(step_of())
+            self.pre_replica.append(replica)
             return preempt(request, *args, **kwargs)
 
         scheduler._preempt_request = preempt_and_record
 
         ev_step, ev_kind, ev_block = self.ev_step, self.ev_kind, self.ev_block
-        ev_request, ev_key = self.ev_request, self.ev_key
+        ev_request, ev_key, ev_replica = self.ev_request, self.ev_key, self.ev_replica
         cache_full_blocks = pool.cache_full_blocks
 
         def cache_full_blocks_and_record(
@@ -187,6 +199,7 @@ class Recorder:
                 ev_block.append(block.block_id)
                 ev_request.append(index)
                 ev_key.append(key)
+                ev_replica.append(replica)
             return result
 
         pool.cache_full_blocks = cache_full_blocks_and_record
@@ -204,6 +217,7 @@ class Recorder:
                 ev_block.append(block.block_id)
                 ev_request.append(-1)
                 ev_key.append(key)
+                ev_replica.append(replica)
                 self._pending_hits += 1
             return touch(blocks)
 
@@ -220,6 +234,7 @@ class Recorder:
                 ev_block.append(block.block_id)
                 ev_request.append(-1)
                 ev_key.append(key)
+                ev_replica.append(replica)
             return evicted
 
         pool._maybe_evict_cached_block = evict_and_record
@@ -269,6 +284,7 @@ class Recorder:
                 "tokens_hit": np.frombuffer(self.adm_hit, dtype=np.int64),
                 "step": step,
                 "time_s": self._seconds_of(step),
+                **self._replica_column(self.adm_replica),
             }
         )
 
@@ -278,6 +294,7 @@ class Recorder:
             {
                 "request_index": np.frombuffer(self.pre_request, dtype=np.int32),
                 "step": step,
+                **self._replica_column(self.pre_replica),
             }
         )
 
@@ -292,8 +309,15 @@ class Recorder:
                 "block_hash": _hex_prefixes(self.ev_key, HASH_HEX_BYTES),
                 "block_id": np.frombuffer(self.ev_block, dtype=np.int32),
                 "request_index": np.frombuffer(self.ev_request, dtype=np.int32),
+                **self._replica_column(self.ev_replica),
             }
         )
+
+    def _replica_column(self, values: array) -> dict[str, np.ndarray]:
+        """{"replica": ...} for a fleet's frames; nothing for a single engine's."""
+        if not self.fleet:
+            return {}
+        return {"replica": np.frombuffer(values, dtype=np.int16).astype(np.int16)}
 
     def _seconds_of(self, steps: np.ndarray) -> np.ndarray:
         times = np.frombuffer(self.step_seconds, dtype=np.float64)

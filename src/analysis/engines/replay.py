@@ -38,7 +38,11 @@ class ReplayEngine:
     hash_block_size: int
 
 
-def build_replay_engine(config: RunConfig, model: ResolvedModel) -> ReplayEngine:
+def build_replay_engine(
+    config: RunConfig, model: ResolvedModel, *, kv_events: bool = False
+) -> ReplayEngine:
+    """vLLM's scheduler for `config`, without a model; `kv_events` turns on vLLM's KV cache
+    events (`BlockStored` / `BlockRemoved`, what a precise router reads)."""
     import torch
     from vllm.engine.arg_utils import EngineArgs
     from vllm.usage.usage_lib import UsageContext
@@ -51,9 +55,12 @@ def build_replay_engine(config: RunConfig, model: ResolvedModel) -> ReplayEngine
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.structured_output import StructuredOutputManager
 
-    vllm_config = EngineArgs(**engine_kwargs(config, model)).create_engine_config(
-        usage_context=UsageContext.LLM_CLASS
-    )
+    kwargs = engine_kwargs(config, model)
+    if kv_events:
+        from vllm.config import KVEventsConfig
+
+        kwargs["kv_events_config"] = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
+    vllm_config = EngineArgs(**kwargs).create_engine_config(usage_context=UsageContext.LLM_CLASS)
     # A hub model's shape is unknown without its config; the layer shape changes no count.
     layers, kv_heads, head_size = (
         (model.num_layers, model.num_kv_heads, model.head_size) if model.shape_known else (2, 4, 64)
@@ -121,9 +128,6 @@ def run_replay(
     progress: Any = None,
 ) -> dict[str, Any]:
     """Replay the workload through vLLM's scheduler; fills `recorder`; returns engine facts."""
-    from vllm.sampling_params import SamplingParams
-    from vllm.v1.request import Request
-
     engine = build_replay_engine(config, model)
     scheduler = engine.scheduler
     recorder.attach(scheduler)
@@ -134,29 +138,14 @@ def run_replay(
     ids = recorder.ids
 
     prefix_hashes = PrefixHashes(engine.hash_block_size, engine.block_hasher)
-    last_turns = {turns[-1] for turns in workload.conversations if turns}
+    last_turns = last_turn_indices(workload)
 
     def submit(indices: list[int]) -> None:
         step = scheduler.current_step
         for index in indices:
-            spec = workload.specs[index]
-            outputs = workload.output_list(index)
-            request = Request(
-                request_id=spec.request_id,
-                prompt_token_ids=workload.prompt_list(index),
-                sampling_params=SamplingParams(max_tokens=len(outputs), ignore_eos=True),
-                pooling_params=None,
-                block_hasher=None,
-            )
-            prefix_hashes.attach(request, spec.conversation_id)
-            if index in last_turns:
-                prefix_hashes.forget(spec.conversation_id)
-            else:
-                prefix_hashes.remember(spec.conversation_id, request)
-            request._replay_outputs = outputs
-            request._park_wake = 0
-            ids[spec.request_id] = index
-            live[spec.request_id] = request
+            request = new_request(workload, index, prefix_hashes, last_turns)
+            ids[request.request_id] = index
+            live[request.request_id] = request
             recorder.submitted(index, step)
             scheduler.add_request(request)
 
@@ -181,10 +170,40 @@ def run_replay(
     }
 
 
+def last_turn_indices(workload: Workload) -> set[int]:
+    """The requests after which no turn of their conversation follows (hashes not kept)."""
+    return {turns[-1] for turns in workload.conversations if turns}
+
+
+def new_request(
+    workload: Workload, index: int, prefix_hashes: PrefixHashes, last_turns: set[int]
+) -> Any:
+    """The vLLM `Request` of workload request `index`, with its block hashes and the tokens it
+    will be given (`_replay_outputs`)."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request
+
+    spec = workload.specs[index]
+    outputs = workload.output_list(index)
+    request = Request(
+        request_id=spec.request_id,
+        prompt_token_ids=workload.prompt_list(index),
+        sampling_params=SamplingParams(max_tokens=len(outputs), ignore_eos=True),
+        pooling_params=None,
+        block_hasher=None,
+    )
+    prefix_hashes.attach(request, spec.conversation_id)
+    if index in last_turns:
+        prefix_hashes.forget(spec.conversation_id)
+    else:
+        prefix_hashes.remember(spec.conversation_id, request)
+    request._replay_outputs = outputs
+    request._park_wake = 0
+    return request
+
+
 def _drive(scheduler, fast, arrivals, live, ids, recorder, submit, progress) -> int:
     """The step loop: schedule, sample the workload's next tokens, update, submit arrivals."""
-    from vllm.v1.outputs import ModelRunnerOutput
-
     submit(arrivals.initial())
     steps_run = 0
     while live:
@@ -198,40 +217,49 @@ def _drive(scheduler, fast, arrivals, live, ids, recorder, submit, progress) -> 
             fast.skipped_steps += wake - step
             scheduler.current_step = wake - 1
             continue
-        scheduler_output = scheduler.schedule()
-        fast.restore()
+        finished = run_step(scheduler, fast, live, ids, recorder, step)
         steps_run += 1
-        req_ids = list(scheduler_output.num_scheduled_tokens)
-        sampled: list[list[int]] = []
-        for rid in req_ids:
-            request = live[rid]
-            if request.is_prefill_chunk:
-                sampled.append([])
-            else:
-                sampled.append([request._replay_outputs[len(request._output_token_ids)]])
-        model_output = ModelRunnerOutput(
-            req_ids=req_ids,
-            req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
-            sampled_token_ids=sampled,
-        )
-        engine_outputs = scheduler.update_from_output(scheduler_output, model_output)
-        finished: list[int] = []
-        for outputs in engine_outputs.values():
-            for output in outputs.outputs:
-                index = ids[output.request_id]
-                if output.new_token_ids:
-                    recorder.first_token(index, step)
-                if output.finish_reason is not None:
-                    request = live.pop(output.request_id)
-                    recorder.finished(
-                        index, step, _reason(output.finish_reason), request.num_output_tokens
-                    )
-                    finished.append(index)
         if finished:
             if progress is not None:
                 progress.update(len(finished))
             submit(arrivals.after_finished(finished))
     return steps_run
+
+
+def run_step(scheduler, fast, live, ids, recorder, step: int) -> list[int]:
+    """One vLLM step: `schedule()`, the workload's next token for every request that finished
+    its prefill, `update_from_output()`; returns the workload indices that finished."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    scheduler_output = scheduler.schedule()
+    fast.restore()
+    req_ids = list(scheduler_output.num_scheduled_tokens)
+    sampled: list[list[int]] = []
+    for rid in req_ids:
+        request = live[rid]
+        if request.is_prefill_chunk:
+            sampled.append([])
+        else:
+            sampled.append([request._replay_outputs[len(request._output_token_ids)]])
+    model_output = ModelRunnerOutput(
+        req_ids=req_ids,
+        req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+        sampled_token_ids=sampled,
+    )
+    engine_outputs = scheduler.update_from_output(scheduler_output, model_output)
+    finished: list[int] = []
+    for outputs in engine_outputs.values():
+        for output in outputs.outputs:
+            index = ids[output.request_id]
+            if output.new_token_ids:
+                recorder.first_token(index, step)
+            if output.finish_reason is not None:
+                request = live.pop(output.request_id)
+                recorder.finished(
+                    index, step, _reason(output.finish_reason), request.num_output_tokens
+                )
+                finished.append(index)
+    return finished
 
 
 def _reason(reason: Any) -> str:

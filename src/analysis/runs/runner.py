@@ -60,6 +60,10 @@ def run(
             from analysis.engines.replay import run_replay
 
             engine_facts = run_replay(workload, config, recorder, model, bar)
+        elif config.engine == "fleet":
+            from analysis.engines.fleet.driver import run_fleet
+
+            engine_facts = run_fleet(workload, config, recorder, model, bar)
         else:
             from analysis.engines.vllm_engine import run_vllm
 
@@ -260,6 +264,8 @@ def _admissions_table(recorder: Recorder, meta: pd.DataFrame) -> pd.DataFrame:
         "step",
         "time_s",
     ]
+    if recorder.fleet:
+        columns.append("replica")
     return frame[columns]
 
 
@@ -301,6 +307,8 @@ def _requests_table(
     frame["finish_reason"] = recorder.finish_reason
     frame["ttft_s"] = engine_facts.pop("ttft_s", np.full(n, np.nan))
     frame["e2e_s"] = recorder.finish_seconds - recorder.submit_seconds
+    if recorder.fleet:
+        frame["replica"] = recorder.replica_of
     generated = engine_facts.pop("generated", None)
     if generated is not None:
         frame["output_ids"] = [np.asarray(generated.get(i, []), dtype=np.int32) for i in range(n)]
@@ -337,10 +345,11 @@ def _counters(
             "sum of Scheduler.make_stats().prefix_cache_stats over every step, including "
             "the preempted_* fields vLLM exports nowhere"
         ),
-        "logged_window_hit_rate": recorder.caching_metrics.hit_rate,
+        # vLLM logs one window per engine: a fleet has no fleet-wide one to check.
+        "logged_window_hit_rate": None if recorder.fleet else recorder.caching_metrics.hit_rate,
         "logged_window_hit_rate_source": (
             "vLLM's CachingMetrics (last 1000 requests), as its logging stat logger, fed with "
-            "the same per-step PrefixCacheStats"
+            "the same per-step PrefixCacheStats (none for a fleet: one window per replica)"
         ),
         "logger_window_hit_rate": engine_facts.pop("logged_window_hit_rate", None),
     }

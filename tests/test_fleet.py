@@ -1,0 +1,285 @@
+"""The fleet: router specs and decisions (fast), and N replay engines behind a router (vLLM's
+own schedulers, marked `engine`): a fleet of one is `replay`, a pinned replica is `replay` of
+its sub-trace, the precise router's index is what vLLM's events say."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+import pytest
+
+from analysis.engines import ConfigError, RunConfig, validate
+from analysis.engines.config import ROUTERS, router_spec
+from analysis.engines.fleet import ROUTER_CLASSES, Arrival, make_router
+from analysis.engines.synthetic import synthetic_trace
+
+SMALL = {"block_size": 16, "num_blocks": 300, "max_model_len": 2048}
+ROUTER_SPECS = [
+    "round-robin",
+    "least-loaded",
+    "affinity",
+    "affinity-cap1.25",
+    "approx-prefix",
+    "precise-prefix",
+    "prefix-load-beta0.5",
+]
+
+
+# --------------------------------------------------------------------------- configuration
+def test_every_configured_router_has_a_class():
+    assert set(ROUTER_CLASSES) == set(ROUTERS)
+
+
+@pytest.mark.parametrize(
+    ("spec", "parsed"),
+    [
+        ("round-robin", ("round-robin", None)),
+        ("affinity", ("affinity", None)),
+        ("affinity-cap1.25", ("affinity", 1.25)),
+        ("prefix-load-beta0", ("prefix-load", 0.0)),
+        ("prefix-load-beta2.5", ("prefix-load", 2.5)),
+    ],
+)
+def test_router_specs_parse(spec, parsed):
+    assert router_spec(spec) == parsed
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"router": "random"}, "router='random': no such router; use one of round-robin"),
+        ({"router": "affinity-cap0.9"}, "the cap must be a number above 1"),
+        ({"router": "prefix-load-beta-1"}, "the beta must be a number 0 or more"),
+        ({"router": "least-loaded-cap2"}, "no such router"),
+        ({"replicas": 0}, "replicas must be a positive integer"),
+        ({"num_blocks": 100}, "below vLLM's minimum"),
+    ],
+)
+def test_bad_fleet_settings_are_one_line_errors(changes, message):
+    config = RunConfig(engine="fleet", replicas=2, **SMALL).with_(**changes)
+    with pytest.raises(ConfigError, match=message):
+        validate(config, check_environment=False)
+
+
+def test_replicas_need_the_fleet_engine():
+    with pytest.raises(ConfigError, match="replicas=4 needs engine='fleet'"):
+        validate(RunConfig(replicas=4, **SMALL), check_environment=False)
+
+
+def test_fleet_fields_leave_other_engines_ids_alone():
+    config = RunConfig(**SMALL)
+    assert config.with_(router="affinity").config_id("t") == config.config_id("t")
+    fleet = config.with_(engine="fleet", replicas=2)
+    assert "-fleet-" in fleet.config_id("t") and "-x2-round-robin-" in fleet.config_id("t")
+    assert fleet.with_(router="affinity").config_id("t") != fleet.config_id("t")
+
+
+# --------------------------------------------------------------------------- routers
+@dataclass
+class View:
+    """A replica as a router sees it, with set numbers."""
+
+    index: int
+    in_flight: int = 0
+    usage: float = 0.0
+    held: list = field(default_factory=list)
+
+    def load(self) -> int:
+        return self.in_flight
+
+    def kv_usage(self) -> float:
+        return self.usage
+
+    def cached_prefix_blocks(self, block_hashes) -> int:
+        count = 0
+        for key in block_hashes:
+            if key not in self.held:
+                break
+            count += 1
+        return count
+
+
+def arrival(conversation: str, blocks=(b"a", b"b", b"c")) -> Arrival:
+    return Arrival(conversation, list(blocks))
+
+
+def test_round_robin_cycles():
+    router = make_router("round-robin", 3, 100)
+    views = [View(k) for k in range(3)]
+    assert [router.choose(arrival("c"), views) for _ in range(5)] == [0, 1, 2, 0, 1]
+
+
+def test_least_loaded_breaks_ties_by_usage_then_index():
+    router = make_router("least-loaded", 3, 100)
+    assert router.choose(arrival("c"), [View(0, 2), View(1, 1, 0.5), View(2, 1, 0.2)]) == 2
+    assert router.choose(arrival("c"), [View(0, 1), View(1, 1), View(2, 1)]) == 0
+
+
+def test_affinity_pins_a_conversation_and_spreads_many():
+    router = make_router("affinity", 4, 100)
+    views = [View(k) for k in range(4)]
+    choices = {c: router.choose(arrival(f"conv-{c}"), views) for c in range(200)}
+    assert all(router.choose(arrival(f"conv-{c}"), views) == k for c, k in choices.items())
+    counts = pd.Series(choices).value_counts()
+    assert len(counts) == 4 and counts.min() > 20  # 64 virtual nodes per replica
+
+
+def test_bounded_affinity_passes_a_full_replica_on():
+    unbounded = make_router("affinity", 2, 100)
+    home = unbounded.choose(arrival("c"), [View(0), View(1)])
+    bounded = make_router("affinity-cap1.25", 2, 100)
+    views = [View(0), View(1)]
+    views[home].in_flight = 10  # cap = ceil(1.25 * 11 / 2) = 7
+    assert bounded.choose(arrival("c"), views) == 1 - home
+    views[home].in_flight = 3  # cap = ceil(1.25 * 4 / 2) = 3: still full
+    assert bounded.choose(arrival("c"), views) == 1 - home
+    views[home].in_flight = 1  # cap = ceil(1.25 * 2 / 2) = 2: room
+    assert bounded.choose(arrival("c"), views) == home
+
+
+def test_approximate_prefix_remembers_what_it_sent_within_its_capacity():
+    router = make_router("approx-prefix", 2, 2)
+    views = [View(0), View(1, in_flight=1)]
+    assert router.choose(arrival("x", [b"a", b"b"]), views) == 0  # no prefix: least loaded
+    views[0].in_flight = 5
+    assert router.choose(arrival("y", [b"a", b"b", b"c"]), views) == 0  # 2 leading blocks
+    # an LRU of 2 hashes per replica: "a" has been pushed out on replica 0
+    assert router.choose(arrival("z", [b"a"]), views) == 1
+
+
+def test_precise_prefix_follows_the_replicas_index_then_load():
+    router = make_router("precise-prefix", 3, 100)
+    views = [View(0, 0, held=[b"a"]), View(1, 9, held=[b"a", b"b"]), View(2, 0)]
+    assert router.choose(arrival("c"), views) == 1
+    assert router.choose(arrival("c", [b"z"]), views) == 0
+
+
+def test_prefix_load_trades_prefix_for_load_as_beta_grows():
+    views = [View(0, 8, held=[b"a", b"b", b"c"]), View(1, 2)]
+    assert make_router("prefix-load-beta0", 2, 100).choose(arrival("c"), views) == 0
+    assert make_router("prefix-load-beta0.5", 2, 100).choose(arrival("c"), views) == 0
+    assert make_router("prefix-load-beta2", 2, 100).choose(arrival("c"), views) == 1
+
+
+# --------------------------------------------------------------------------- engines
+def trace_of(conversations: int, seed: int) -> pd.DataFrame:
+    return synthetic_trace(
+        conversations,
+        turns=(1, 6),
+        user_tokens=(20, 300),
+        reply_tokens=(5, 200),
+        seed=seed,
+        shared_prefix=40,
+    )
+
+
+def run_config(**changes) -> RunConfig:
+    return RunConfig(trace="synthetic", **{**SMALL, "engine": "fleet", **changes})
+
+
+def run(trace: pd.DataFrame, config: RunConfig):
+    from analysis.runs import run as run_trace
+
+    return run_trace(trace, config, progress=False)
+
+
+def comparable(result) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Tables without times, replicas and block ids; events in a canonical order per step."""
+    drop = ["replica"]
+    events = result.block_events.drop(columns=["time_s", "block_id", *drop], errors="ignore")
+    events = events.sort_values(["step", "event", "block_hash", "request_index"])
+    return (
+        result.admissions.drop(columns=["time_s", *drop], errors="ignore"),
+        result.requests.drop(columns=["ttft_s", "e2e_s", *drop], errors="ignore"),
+        events.reset_index(drop=True),
+    )
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"num_blocks": 400},
+        {"num_blocks": 200, "concurrency": 16},  # preemptions
+        {"mode": "batch", "num_blocks": 200},
+    ],
+)
+def test_a_fleet_of_one_is_replay_for_every_router(changes):
+    trace = trace_of(40, seed=3)
+    replay = run(trace, run_config(engine="replay", **changes))
+    assert replay.manifest["engine"]["fast_path_parked_request_steps"] > 0
+    for router in ROUTER_SPECS:
+        fleet = run(trace, run_config(router=router, **changes))
+        assert (fleet.requests["replica"] == 0).all()
+        assert fleet.manifest["engine"]["steps"] == replay.manifest["engine"]["steps"]
+        for a, b in zip(comparable(replay), comparable(fleet), strict=True):
+            pd.testing.assert_frame_equal(a, b)
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize(
+    "changes",
+    [{"mode": "batch"}, {"mode": "closed-loop", "concurrency": 64}],  # every conversation at once
+)
+def test_a_pinned_replica_is_replay_of_its_sub_trace(changes):
+    """Affinity pins each conversation to one replica; when arrivals do not depend on other
+    replicas (batch, or a client per conversation), each replica is `replay` of its requests."""
+    trace = trace_of(30, seed=5)
+    fleet = run(trace, run_config(replicas=3, router="affinity", **changes))
+    assert fleet.summary["preemptions"] > 0
+    columns = ["request_id", "kind", "tokens_queried", "tokens_hit", "step"]
+    for replica in range(3):
+        mine = fleet.requests.loc[fleet.requests["replica"] == replica, "request_id"]
+        assert len(mine) > 5
+        sub_trace = trace[trace["request_id"].isin(mine)].reset_index(drop=True)
+        alone = run(sub_trace, run_config(engine="replay", **changes))
+        here = fleet.admissions[fleet.admissions["replica"] == replica]
+        pd.testing.assert_frame_equal(
+            alone.admissions[columns].reset_index(drop=True), here[columns].reset_index(drop=True)
+        )
+
+
+@pytest.mark.engine
+def test_the_precise_index_holds_only_what_the_replica_caches(monkeypatch):
+    """At every decision, each replica's index (from vLLM's KV events) is a subset of the hashes
+    its block pool holds, and not an empty one once requests ran."""
+    from vllm.v1.core.kv_cache_utils import get_block_hash, maybe_convert_block_hash
+
+    import analysis.engines.fleet.routers as routers
+
+    checked = []
+
+    class CheckedPrecise(routers.PrecisePrefix):
+        def choose(self, arrival, replicas):
+            for replica in replicas:
+                pool = replica.scheduler.kv_cache_manager.block_pool
+                held = {
+                    maybe_convert_block_hash(get_block_hash(key))
+                    for key in pool.cached_block_hash_to_block._cache
+                }
+                assert replica.kv_index.hashes <= held
+                checked.append(len(replica.kv_index.hashes))
+            return super().choose(arrival, replicas)
+
+    monkeypatch.setitem(routers.ROUTER_CLASSES, "precise-prefix", CheckedPrecise)
+    fleet = run(trace_of(30, seed=7), run_config(replicas=2, router="precise-prefix"))
+    assert max(checked) > 0 and fleet.summary["first_prefill"]["hits"] > 0
+
+
+@pytest.mark.engine
+def test_affinity_keeps_conversations_that_round_robin_scatters():
+    """With room for everything, a conversation's later turns hit only on the replica that
+    served its earlier turns: affinity keeps all the trace's reuse, round-robin loses some."""
+    from analysis.metrics.fleet import hit_rate_split
+
+    trace = trace_of(40, seed=11)
+    split = {}
+    for router in ("round-robin", "affinity"):
+        result = run(trace, run_config(replicas=4, router=router, num_blocks=2000))
+        split[router] = hit_rate_split(result, trace)
+    assert split["affinity"].routed_ideal == pytest.approx(split["affinity"].ideal, abs=0.02)
+    assert split["round-robin"].routed_ideal < split["affinity"].routed_ideal - 0.1
+    assert split["round-robin"].delivered < split["affinity"].delivered - 0.1
+    for part in split.values():
+        assert part.delivered <= part.routed_ideal + 1e-9 <= part.ideal + 2e-9
