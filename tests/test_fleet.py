@@ -283,3 +283,52 @@ def test_affinity_keeps_conversations_that_round_robin_scatters():
     assert split["round-robin"].delivered < split["affinity"].delivered - 0.1
     for part in split.values():
         assert part.delivered <= part.routed_ideal + 1e-9 <= part.ideal + 2e-9
+
+
+@pytest.mark.engine
+def test_fleet_points_run_on_ray_as_locally_and_resume(tmp_path):
+    """A fleet point is a sweep point: `--executor ray` gives the local tables, and a finished
+    point is not run again."""
+    import ray
+
+    from analysis import sweeps
+    from analysis.data.traces import write_trace
+    from analysis.engines import RunResult
+    from analysis.sweeps import executors
+
+    trace = tmp_path / "tiny.parquet"
+    write_trace(trace, trace_of(24, seed=13))
+    grid = tmp_path / "fleet.toml"
+    grid.write_text(
+        f"""
+[base]
+mode = "closed-loop"
+concurrency = 8
+max_model_len = 2048
+
+[[series]]
+name = "fleet"
+traces = ["{trace}"]
+engines = ["fleet"]
+block_sizes = [16]
+num_blocks = [300]
+replicas = 2
+router = ["affinity", "precise-prefix"]
+"""
+    )
+    points = sweeps.grid_points(grid)
+    local = executors.run_points(points, "local", results=tmp_path / "local", progress=False)
+    assert len(local.ran) == 2
+    again = executors.run_points(points, "local", results=tmp_path / "local", progress=False)
+    assert not again.ran
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        executors.run_points(points, "ray", results=tmp_path / "ray", progress=False)
+    finally:
+        ray.shutdown()
+    for point in points:
+        a, b = (RunResult.read(sweeps.result_folder(point, tmp_path / k)) for k in ("local", "ray"))
+        assert "replica" in a.admissions
+        pd.testing.assert_frame_equal(
+            a.admissions.drop(columns="time_s"), b.admissions.drop(columns="time_s")
+        )

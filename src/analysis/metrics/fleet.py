@@ -107,6 +107,16 @@ def queueing_steps(requests: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+def turns_moved(requests: pd.DataFrame) -> float:
+    """Share of later turns routed to another replica than their conversation's previous turn."""
+    routed = requests[requests["replica"] >= 0].sort_values(["conversation_id", "turn_index"])
+    previous = routed.groupby("conversation_id")["replica"].shift()
+    later = previous.notna()
+    if not later.any():
+        return float("nan")
+    return float((routed.loc[later, "replica"] != previous[later]).mean())
+
+
 def fleet_row(result: RunResult, trace: pd.DataFrame) -> dict[str, Any]:
     """One row per fleet run: its configuration, the split, load balance and queueing."""
     config = result.config
@@ -120,6 +130,7 @@ def fleet_row(result: RunResult, trace: pd.DataFrame) -> dict[str, Any]:
         "total_blocks": config.replicas * config.num_blocks,
         "concurrency": config.concurrency,
         **hit_rate_split(result, trace).to_dict(),
+        "turns_moved": turns_moved(result.requests),
         "preemptions": int(result.requests["preemptions"].sum()),
         "load_imbalance_mean": engine.get("load_imbalance_mean"),
         "queue_steps_mean": float(queue["queue_steps"].mean()),

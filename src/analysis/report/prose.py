@@ -92,6 +92,7 @@ _BLANKED = [
     re.compile(r"“[^”]*”"),  # “a quote”
     re.compile(r"(?<![\w.,])0\d+(?:-\d+)?\b"),  # zero-padded references: 003, 04, 003-27
     re.compile(r"#\d+"),  # issue and PR numbers
+    re.compile(r"^#{1,6}\s+\d+(?=\s*·)", re.M),  # a notebook's number in its title: "# 13 · ..."
     *_DATES,
 ]
 _REFERENCE_BEFORE = re.compile(

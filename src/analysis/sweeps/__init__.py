@@ -9,6 +9,7 @@ The names notebooks use are importable from here (`from analysis import sweeps`)
 
 from __future__ import annotations
 
+from analysis.sweeps.fleet import fleet_table
 from analysis.sweeps.grid import (
     Point,
     find_point,
@@ -37,6 +38,7 @@ __all__ = [
     "collect",
     "ensure_grid",
     "find_point",
+    "fleet_table",
     "grid_path",
     "grid_points",
     "is_done",
