@@ -4,7 +4,9 @@ Workloads: `synthetic` (shared prefixes of --prefixes tokens, a real `vllm serve
 `sharegpt` (multi-turn conversations from data/traces/multi_turn.parquet as closed-loop
 clients, a real server per mode), `prefix-sweep` (seed 004: requests/s against the shared
 fraction of 1000-token prompts, in-process engine). Results are cached under
-data/results/serving/; finished runs are skipped unless --force.
+data/results/serving/: a cell whose requests all succeeded is reused unless --force (its key holds
+the whole configuration, --request-timeout included); a cell with failed or timed-out requests is
+kept with its counts and runs again next time.
 """
 
 from __future__ import annotations
@@ -67,7 +69,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="eager mode (default; turn off on GPUs to use CUDA graphs)",
     )
-    parser.add_argument("--request-timeout", type=float, default=120.0, help="seconds")
+    parser.add_argument(
+        "--request-timeout", type=float, default=120.0, help="seconds per request (> 0)"
+    )
     parser.add_argument(
         "--no-interleave",
         action="store_true",

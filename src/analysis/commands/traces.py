@@ -1,7 +1,10 @@
 """`python -m analysis traces`: build the multi- and single-turn traces under data/traces/.
 
-A build whose manifest records the same request (data file, parameters, tokenizer, template) is
-not redone unless --force is given.
+A build whose manifest records the same request (data file, parameters, tokenizer, template),
+with files that are the ones it describes, is not redone unless --force is given. Both traces and
+the manifest are replaced as one set, one build at a time per folder: an interrupted or failed
+build leaves the previous one; only a kill in the middle of the renames leaves a mix, which readers
+refuse and the next build replaces (`analysis.data.traces.sets`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """What a serving benchmark runs: its configuration (`ServingBenchConfig`), the key of one run
-in it (`RunKey`) and the run id that names the run's folder.
+in it (`RunKey`), the run id that names the run's folder and the folder a cell is found in.
 
 A module of its own because the single run, the whole benchmark and the calibration all take
 the configuration, and the run id must stay the same wherever it is computed (cached runs are
@@ -8,12 +8,15 @@ found by it).
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from analysis.models import shapes as model_shapes
+from analysis.platform.manifest import read_json
 from analysis.serving.model_names import model_identity
 from analysis.serving.server import GIB, MODES, ServerConfig
-from analysis.serving.storage import _digest
+from analysis.serving.storage import _digest, is_reusable
 
 WORKLOADS = ("synthetic", "sharegpt")
 
@@ -61,6 +64,10 @@ class ServingBenchConfig:
             raise ValueError(f"modes must be among {MODES}, got {bad}")
         if any(c < 1 for c in self.concurrency) or self.requests < 1 or self.repeats < 1:
             raise ValueError("concurrency, requests and repeats must be >= 1")
+        for name in RUN_LIMITS:
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number of seconds, got {value}")
         if not 0.0 <= self.eligible_share <= 1.0:
             raise ValueError(f"eligible_share must lie in [0, 1], got {self.eligible_share}")
         longest = max(self.prefixes, default=0) + self.suffix_tokens + self.output_tokens
@@ -105,21 +112,47 @@ class RunKey:
 SUMMARY_SCHEMA = 2
 
 
+# Limits that make requests fail (timed out, not sent): part of a run's id, because a run
+# under other limits may have other failures. Run ids made before they were part of it are
+# still found, with the same limits in their manifest (`cell_dir`).
+RUN_LIMITS = ("request_timeout_s", "run_deadline_s")
+
+
 def run_id(config: ServingBenchConfig, model: str, key: RunKey, workload_hash: str = "") -> str:
     """`<workload>-<mode>-p<prefix>-c<concurrency>-<hash>`; the hash covers everything that
-    shapes the run (model, server flags, workload parameters and, for ShareGPT, the prompts
-    themselves: `workload_hash`) except the swept lists."""
+    shapes the run (model, server flags, workload parameters, the request timeout and run
+    deadline and, for ShareGPT, the prompts themselves: `workload_hash`) except the swept
+    lists."""
+    return _run_id(config, model, key, workload_hash, with_limits=True)
+
+
+def legacy_run_id(
+    config: ServingBenchConfig, model: str, key: RunKey, workload_hash: str = ""
+) -> str:
+    """The id the same run had before `RUN_LIMITS` were part of run ids."""
+    return _run_id(config, model, key, workload_hash, with_limits=False)
+
+
+def cell_dir(
+    root: Path, config: ServingBenchConfig, model: str, key: RunKey, workload_hash: str = ""
+) -> Path:
+    """The folder of a cell: under its run id, unless only a reusable cell under its legacy id
+    exists, run with the same limits (such cells stay valid; a later write goes to the run id)."""
+    current = root / run_id(config, model, key, workload_hash)
+    legacy = root / legacy_run_id(config, model, key, workload_hash)
+    if current.exists() or not is_reusable(legacy):
+        return current
+    ran_with = read_json(legacy / "manifest.json").get("config", {})
+    same = all(ran_with.get(name) == getattr(config, name) for name in RUN_LIMITS)
+    return legacy if same else current
+
+
+def _run_id(
+    config: ServingBenchConfig, model: str, key: RunKey, workload_hash: str, *, with_limits: bool
+) -> str:
     shaping = asdict(config)
-    for name in (
-        "model",
-        "prefixes",
-        "concurrency",
-        "modes",
-        "startup_timeout_s",
-        "request_timeout_s",
-        "run_deadline_s",
-        "gauge_interval_s",
-    ):
+    ignored = ("model", "prefixes", "concurrency", "modes", "startup_timeout_s", "gauge_interval_s")
+    for name in ignored + (() if with_limits else RUN_LIMITS):
         shaping.pop(name)
     shaping.update(model_identity(model), mode=key.mode, regime=key.regime, c=key.concurrency)
     shaping["summary_schema"] = SUMMARY_SCHEMA

@@ -161,6 +161,25 @@ def _notes(summary: dict, cache_reset: bool) -> str:
     return "; ".join(notes)
 
 
+def completeness(frame: pd.DataFrame, planned: int) -> tuple[bool, str]:
+    """Whether a cell's requests all succeeded as planned (`planned` requests, warm-ups
+    included), and if not, the note that says so: such a cell is not reused."""
+    succeeded = int((frame["status"] == "ok").sum())
+    if succeeded == planned:
+        return True, ""
+    return False, (
+        f"incomplete: {succeeded} of {planned} requests succeeded, so the cell runs again next "
+        "time (a longer --request-timeout if they timed out)"
+    )
+
+
+def planned_requests(workload: list[loadgen.RequestSpec] | loadgen.ShareGPTWorkload) -> int:
+    """Requests one repeat of a run sends (warm-ups included)."""
+    if isinstance(workload, loadgen.ShareGPTWorkload):
+        return workload.num_requests
+    return len(workload)
+
+
 def sharegpt_specs(config: ServingBenchConfig) -> loadgen.ShareGPTWorkload:
     return loadgen.sharegpt_workload(
         Path(config.trace_path) if config.trace_path else None,

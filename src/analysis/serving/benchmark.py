@@ -22,10 +22,12 @@ from typing import Any
 import pandas as pd
 
 from analysis.platform.manifest import git_commit, package_versions
-from analysis.serving.bench_config import RunKey, ServingBenchConfig, run_id
+from analysis.serving.bench_config import RunKey, ServingBenchConfig, cell_dir, run_id
 from analysis.serving.bench_run import (
     combine_repeats,
+    completeness,
     execute_run,
+    planned_requests,
     prefill_speed,
     sharegpt_specs,
     speed_note,
@@ -35,7 +37,7 @@ from analysis.serving.bench_run import (
 )
 from analysis.serving.model_names import resolve_model, served_name
 from analysis.serving.server import VllmServer
-from analysis.serving.storage import _digest, _write_run, is_finished, load_summaries, serving_root
+from analysis.serving.storage import _digest, _write_run, is_reusable, load_summaries, serving_root
 from analysis.serving.tables import summary_table
 
 
@@ -57,10 +59,16 @@ def _server_for_mode(
 
 
 def _run_manifest(
-    run_dir: Path, config: ServingBenchConfig, model: str, server: VllmServer, interleaved: bool
+    run_dir: Path,
+    config: ServingBenchConfig,
+    model: str,
+    server: VllmServer,
+    interleaved: bool,
+    complete: bool,
 ) -> dict[str, Any]:
     return {
         "run_id": run_dir.name,
+        "complete": complete,  # every planned request succeeded: reused by later calls
         "config": asdict(config),
         "model": model,
         "server_command": server.command,
@@ -146,12 +154,12 @@ def run_serving_bench(
     workload = sharegpt_specs(config) if config.workload == "sharegpt" else None
     digest = workload_digest(workload) if workload is not None else ""
     pairs = [(r, c) for r in config.regimes() for c in config.concurrency]
-    dirs = {
-        RunKey(m, r, c): root / run_id(config, model, RunKey(m, r, c), digest)
-        for m in config.modes
-        for r, c in pairs
-    }
-    pending = [k for k, d in dirs.items() if force or not is_finished(d)]
+    keys = [RunKey(m, r, c) for m in config.modes for r, c in pairs]
+    if force:  # a rewrite goes under the current run id
+        dirs = {k: root / run_id(config, model, k, digest) for k in keys}
+    else:
+        dirs = {k: cell_dir(root, config, model, k, digest) for k in keys}
+    pending = [k for k, d in dirs.items() if force or not is_reusable(d)]
     modes = [m for m in config.modes if any(k.mode == m for k in pending)]
     groups = [modes] if interleave or servers is not None else [[m] for m in modes]
     for group in groups:
@@ -179,6 +187,7 @@ def run_serving_bench(
                 if not keys:
                     continue
                 collected: dict[RunKey, tuple[list, list, list]] = {k: ([], [], []) for k in keys}
+                planned = dict.fromkeys(keys, 0)
                 probe = live_servers[keys[0].mode]
                 speed_before = prefill_speed(probe)
                 for repeat in range(config.repeats):
@@ -198,21 +207,25 @@ def run_serving_bench(
                         )
                         frames.append(frame)
                         summaries.append(summary)
+                        planned[key] += planned_requests(specs)
                 speed_after = prefill_speed(probe)
                 for key, (frames, summaries, gauges) in collected.items():
                     live = live_servers[key.mode]
                     frame = pd.concat(frames, ignore_index=True)
+                    complete, incomplete = completeness(frame, planned[key])
                     summary = combine_repeats(summaries, frame)
                     summary["prefill_tok_s_before"] = speed_before
                     summary["prefill_tok_s_after"] = speed_after
                     summary["speed_note"] = speed_note(speed_before, speed_after)
                     summary["notes"] = "; ".join(
-                        n for n in (summary["notes"], summary["speed_note"]) if n
+                        n for n in (summary["notes"], summary["speed_note"], incomplete) if n
                     )
                     summary["model"] = served_name(model)
                     summary["server_startup_s"] = live.startup_s
                     summary["interleaved"] = len(live_servers) > 1
-                    manifest = _run_manifest(dirs[key], config, model, live, len(live_servers) > 1)
+                    manifest = _run_manifest(
+                        dirs[key], config, model, live, len(live_servers) > 1, complete
+                    )
                     _write_run(dirs[key], frame, summary, manifest, pd.DataFrame(gauges))
                     say(
                         f"{dirs[key].name}: mean TTFT {summary['mean_ttft_s']:.3f} s, "

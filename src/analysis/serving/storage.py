@@ -2,6 +2,11 @@
 (`requests.parquet`, `gauges.parquet`, `summary.json`, then `manifest.json`, written last so
 that a folder counts only once complete), and the readers that turn folders back into tables.
 
+A cell's folder is written whole in a staging folder beside it and swapped in under a lock, so
+that an interrupted write (or `--force` rewrite) leaves the old cell or none, never a mix. A
+written cell is reused only if every request it planned succeeded (`is_reusable`); one with
+timeouts or errors keeps its counts and notes and is run again next time.
+
 A module of its own so that tables, notebooks and the report read results without the code
 that produces them (no server, no load generator).
 """
@@ -10,13 +15,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from analysis.platform.manifest import read_json, write_json, write_parquet
+from analysis.platform.manifest import lock_beside, read_json, write_json, write_parquet
 from analysis.platform.paths import results_dir
 
 
@@ -35,6 +42,22 @@ def is_finished(run_dir: Path) -> bool:
     return (run_dir / "manifest.json").is_file()
 
 
+def is_reusable(run_dir: Path) -> bool:
+    """A finished cell whose planned requests all succeeded: only such a cell is reused. Cells
+    written before the manifest said so are judged by their summary's counts."""
+    if not is_finished(run_dir):
+        return False
+    try:
+        manifest = read_json(run_dir / "manifest.json")
+        if "complete" in manifest:
+            return manifest["complete"] is True
+        summary = read_json(run_dir / "summary.json")
+    except (OSError, ValueError):
+        return False
+    failed = sum(int(summary.get(f"n_{s}", 0) or 0) for s in ("timeout", "error", "not_sent"))
+    return failed == 0 and int(summary.get("n_ok", 0) or 0) > 0
+
+
 def _write_run(
     run_dir: Path,
     frame: pd.DataFrame,
@@ -42,11 +65,58 @@ def _write_run(
     manifest: dict[str, Any],
     gauges: pd.DataFrame | None = None,
 ) -> None:
-    write_parquet(run_dir / "requests.parquet", frame)
-    if gauges is not None and not gauges.empty:
-        write_parquet(run_dir / "gauges.parquet", gauges)
-    write_json(run_dir / "summary.json", summary)
-    write_json(run_dir / "manifest.json", manifest)  # last: marks the run complete
+    """Write a cell into a staging folder beside `run_dir`, manifest last, and swap it in under
+    a lock: an interrupted write leaves the old cell whole (or none), never a mix of both."""
+    run_dir = Path(run_dir)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = run_dir.with_name(f".{run_dir.name}.partial-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        write_parquet(staging / "requests.parquet", frame)
+        if gauges is not None and not gauges.empty:
+            write_parquet(staging / "gauges.parquet", gauges)
+        write_json(staging / "summary.json", summary)
+        write_json(staging / "manifest.json", manifest)  # last: marks the run complete
+        with lock_beside(run_dir):
+            _remove_dead_writers(run_dir)
+            _swap_folder(staging, run_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _swap_folder(staging: Path, run_dir: Path) -> None:
+    """Put `staging` in `run_dir`'s place; if that fails, the old folder goes back."""
+    if not run_dir.exists():
+        staging.rename(run_dir)
+        return
+    old = run_dir.with_name(f".{run_dir.name}.old-{os.getpid()}")
+    shutil.rmtree(old, ignore_errors=True)
+    run_dir.rename(old)
+    try:
+        staging.rename(run_dir)
+    except BaseException:
+        old.rename(run_dir)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _remove_dead_writers(run_dir: Path) -> None:
+    """Staging and set-aside folders of `run_dir` left by writers that no longer run."""
+    for stale in run_dir.parent.glob(f".{run_dir.name}.*-*"):
+        kind, _, pid = stale.name.rpartition("-")
+        if kind.endswith((".partial", ".old")) and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def load_summaries(
@@ -55,7 +125,8 @@ def load_summaries(
     """The summaries of finished runs (given folders, or every one under the serving root)."""
     if run_dirs is None:
         base = Path(root) if root else serving_root()
-        run_dirs = sorted(p for p in base.glob("*") if p.is_dir()) if base.exists() else []
+        # not the staging and set-aside folders of writers (dot names)
+        run_dirs = sorted(p for p in base.glob("[!.]*") if p.is_dir()) if base.exists() else []
     rows = []
     for run_dir in run_dirs:
         if is_finished(run_dir) and (run_dir / "summary.json").is_file():

@@ -3,7 +3,8 @@
 What a trace is and how it is built (templates, the `max_model_len` policies, timestamps) is
 told in `build`. The package holds one module per step: `options` (what shapes a build and what
 it yields), `build` (conversations to ids), `storage` (Parquet, the manifest, the JSONL export),
-`ensure` (build only when no identical build is on disk) and `stats` (the shape of a trace).
+`sets` (a build's files replaced together, under a lock), `ensure` (build only when no identical
+build is on disk) and `stats` (the shape of a trace).
 """
 
 from analysis.data.traces.build import build_traces

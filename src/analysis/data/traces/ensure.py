@@ -19,7 +19,8 @@ from analysis.data.traces.options import (
     summarize_counts,
     template_info,
 )
-from analysis.data.traces.storage import load_manifest, save_traces
+from analysis.data.traces.sets import set_lock
+from analysis.data.traces.storage import load_manifest, set_is_intact, write_trace_set
 from analysis.platform.errors import TraceError
 from analysis.platform.manifest import file_sha256
 
@@ -65,8 +66,10 @@ def ensure_traces(
     progress: bool = True,
 ) -> TraceBuild:
     """Build both traces unless a build of the same data, parameters, tokenizer and template
-    is already in `out_dir` (data/traces by default): notebooks and the CLI share this."""
-    from analysis.data.sharegpt import load_conversations, resolve_source
+    is already in `out_dir` (data/traces by default), whole: notebooks and the CLI share this.
+    The folder's lock is held from the check to the end of the save, so that a second builder
+    waits for the first and then finds its build."""
+    from analysis.data.sharegpt import resolve_source
     from analysis.platform.paths import traces_dir
 
     options = options or TraceOptions()
@@ -79,15 +82,32 @@ def ensure_traces(
     wanted = ["multi_turn.parquet", "single_turn.parquet"]
     if jsonl:
         wanted += ["multi_turn.jsonl", "single_turn.jsonl"]
-    manifest = load_manifest(out)
-    if (
-        not force
-        and manifest is not None
-        and manifest.get("request") == request
-        and all((out / name).is_file() for name in wanted)
-    ):
-        paths = {name.replace(".", "_"): out / name for name in wanted}
-        return TraceBuild(manifest, built=False, paths=paths)
+    with set_lock(out):
+        manifest = load_manifest(out)
+        if (
+            not force
+            and manifest is not None
+            and manifest.get("request") == request
+            and set_is_intact(out, manifest, wanted)
+        ):
+            paths = {name.replace(".", "_"): out / name for name in wanted}
+            return TraceBuild(manifest, built=False, paths=paths)
+        return _build_and_write(options, (source, path, data_file), out, request, jsonl, progress)
+
+
+def _build_and_write(
+    options: TraceOptions,
+    data: tuple[str, str | Path | None, Path],
+    out: Path,
+    request: dict[str, Any],
+    jsonl: bool,
+    progress: bool,
+) -> TraceBuild:
+    """Load the conversations (`data`: source, path, resolved file), build both traces and
+    write them as one set (the caller holds the folder's lock)."""
+    from analysis.data.sharegpt import load_conversations
+
+    source, path, data_file = data
     tokenizer = load_tokenizer(options.tokenizer)
     conversations, report = load_conversations(
         source, path, max_conversations=options.max_conversations, progress=progress
@@ -96,7 +116,7 @@ def ensure_traces(
     del conversations
     if trace_set.multi.empty:
         raise TraceError(_no_request_kept(data_file, trace_set))
-    paths = save_traces(
+    paths = write_trace_set(
         trace_set,
         out,
         {"request": request, "source": report.to_dict()},

@@ -1,14 +1,16 @@
 """Traces on disk: the Parquet schema, writing and loading one trace, saving a build with its
-manifest, and the JSONL export.
+manifest as one set (`sets`), and the JSONL export.
 
 A module of its own because readers of a saved trace (runs, sweeps, bounds, the load
-generator) need only this, never the builder and its tokenizer.
+generator) need only this, never the builder and its tokenizer. `load_trace` refuses a file of
+a build that is not the one the manifest beside it describes (a mixed or interrupted build).
 """
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,15 +23,26 @@ from analysis.data.traces.options import (
     FORMAT_VERSION,
     MANIFEST_NAME,
     TRACE_COLUMNS,
+    TRACE_NAMES,
     TraceSet,
     template_info,
 )
+from analysis.data.traces.sets import (
+    file_entry,
+    matches_entry,
+    remove_stale_temps,
+    set_lock,
+    staged_path,
+    swap_in,
+)
 from analysis.platform.errors import TraceError
-from analysis.platform.manifest import file_sha256
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from tokenizers import Tokenizer
+
+TRACE_FILES = tuple(f"{name}.parquet" for name in TRACE_NAMES)  # what readers load
+EXPORT_FILES = tuple(f"{name}.jsonl" for name in TRACE_NAMES)
 
 
 def trace_schema() -> pa.Schema:
@@ -96,6 +109,7 @@ def load_trace(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     if not path.is_file():
         raise TraceError(f"trace {path} not found: build it with `python -m analysis traces`")
+    _refuse_a_mixed_build(path)
     try:
         table = pq.read_table(path)
     except (OSError, pa.ArrowException) as exc:
@@ -124,6 +138,46 @@ def load_trace(path: str | Path) -> pd.DataFrame:
     return table.to_pandas()
 
 
+def _refuse_a_mixed_build(path: Path) -> None:
+    """A trace the builder wrote must be the file the manifest beside it describes, and one
+    without a manifest must not sit beside the builder's other files (an interrupted build).
+    A Parquet file of the user's own, unnamed by a trace manifest beside it, is not checked."""
+    manifest = load_manifest(path.parent)
+    rebuild = f"rebuild it with `python -m analysis traces --out {path.parent}` and its options"
+    if not isinstance(manifest, dict) or manifest.get("kind") != "traces":
+        if path.name in TRACE_FILES and _left_by_a_build(path.parent):
+            raise TraceError(
+                f"trace {path} has no {MANIFEST_NAME} beside it but the trace builder's other "
+                f"files are there (an interrupted build); {rebuild}"
+            )
+        return
+    entries = {entry.get("file"): entry for entry in manifest.get("files", {}).values()}
+    entry = entries.get(path.name)
+    if entry is None and path.name not in TRACE_FILES:
+        return  # a trace of the user's own beside a build
+    if entry is None or not matches_entry(path, entry):
+        raise TraceError(
+            f"trace {path} is not the file {path.parent / MANIFEST_NAME} describes (its sha256 "
+            f"differs: a mixed set left by an interrupted or concurrent build); {rebuild}"
+        )
+
+
+def _left_by_a_build(folder: Path) -> bool:
+    """Whether the trace builder's files are in `folder`: both traces, or a temporary file."""
+    names = (*TRACE_FILES, *EXPORT_FILES, MANIFEST_NAME)
+    temporary = any(f".{n}." in p.name for p in folder.glob(".*.tmp") for n in names)
+    return temporary or all((folder / name).is_file() for name in TRACE_FILES)
+
+
+def set_is_intact(out: Path, manifest: dict[str, Any], names: Sequence[str]) -> bool:
+    """Whether each file of `names` is in `out` and is the one `manifest` describes."""
+    entries = {entry.get("file"): entry for entry in manifest.get("files", {}).values()}
+    return all(
+        (out / name).is_file() and name in entries and matches_entry(out / name, entries[name])
+        for name in names
+    )
+
+
 def _same_kind(actual: pa.DataType, wanted: pa.DataType) -> bool:
     """Whether a column can be cast to the schema's type without reinterpreting it: integers
     stay integers (any width, overflow is checked by the cast), strings stay strings."""
@@ -149,49 +203,92 @@ def save_traces(
     jsonl: bool = False,
     progress: bool = True,
 ) -> dict[str, Path]:
-    """Write both traces (Parquet), optionally their JSONL export, then the manifest (last).
+    """Write both traces (Parquet), optionally their JSONL export, and the manifest as one set:
+    under the folder's lock, staged under temporary names, then swapped in, manifest last (see
+    `sets`). A failed save leaves the previous build as it was.
 
-    A folder without manifest.json holds an unfinished build. The JSONL export repeats each
-    prompt's whole history as text (hundreds of MB for the whole data set): opt in.
+    The JSONL export repeats each prompt's whole history as text (hundreds of MB for the whole
+    data set): opt in.
     """
-    from analysis.platform.manifest import git_commit, package_versions, write_json
     from analysis.platform.paths import traces_dir
 
     out = Path(out_dir) if out_dir is not None else traces_dir()
+    with set_lock(out):
+        return write_trace_set(trace_set, out, manifest_extra, jsonl=jsonl, progress=progress)
+
+
+def write_trace_set(
+    trace_set: TraceSet,
+    out: Path,
+    manifest_extra: dict[str, Any] | None = None,
+    *,
+    jsonl: bool = False,
+    progress: bool = True,
+) -> dict[str, Path]:
+    """`save_traces` for a caller that already holds `set_lock(out)` (`ensure_traces`)."""
+    from analysis.platform.manifest import git_commit, package_versions, write_json
+
     out.mkdir(parents=True, exist_ok=True)
-    (out / MANIFEST_NAME).unlink(missing_ok=True)
-    paths: dict[str, Path] = {}
-    files: dict[str, Any] = {}
+    remove_stale_temps(out, (*TRACE_FILES, *EXPORT_FILES, MANIFEST_NAME))
+    staged: list[tuple[Path, Path]] = []
     started = time.perf_counter()
+    try:
+        files = _stage_traces(trace_set, out, staged, jsonl=jsonl, progress=progress)
+        manifest = {
+            "kind": "traces",
+            "format_version": FORMAT_VERSION,
+            "files": files,
+            "counts": trace_set.counts,
+            "parameters": trace_set.options.to_dict(),
+            "tokenizer": trace_set.tokenizer.to_dict(),
+            "template": template_info(trace_set.options),
+            "seconds": {**trace_set.seconds, "save": round(time.perf_counter() - started, 3)},
+            "package_versions": package_versions(),
+            "git_commit": git_commit(),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            **(manifest_extra or {}),
+        }
+        staged.append((staged_path(out / MANIFEST_NAME), out / MANIFEST_NAME))
+        write_json(staged[-1][0], manifest)
+        swap_in(staged)
+    except OSError as exc:
+        raise TraceError(
+            f"cannot write the traces into {out} ({exc}); the previous build, if any, is left "
+            "as it was: free space or choose another --out"
+        ) from None
+    finally:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+    paths = {name: out / entry["file"] for name, entry in files.items()}
+    for name in EXPORT_FILES:
+        if not jsonl:  # never leave an export of an older build beside
+            (out / name).unlink(missing_ok=True)
+    return {**paths, "manifest": out / MANIFEST_NAME}
+
+
+def _stage_traces(
+    trace_set: TraceSet,
+    out: Path,
+    staged: list[tuple[Path, Path]],
+    *,
+    jsonl: bool,
+    progress: bool,
+) -> dict[str, Any]:
+    """Write each trace (and its JSONL export) to a temporary file beside its target, adding
+    (temporary, target) to `staged`; return the manifest's entries of the files."""
+    files: dict[str, Any] = {}
     for name, frame in trace_set.frames().items():
-        path = out / f"{name}.parquet"
-        write_trace(path, frame)
-        paths[name] = path
-        files[name] = {"file": path.name, "rows": len(frame), "sha256": file_sha256(path)}
-        jsonl_path = out / f"{name}.jsonl"
-        jsonl_path.unlink(missing_ok=True)  # never leave an export of an older build beside
+        target = out / f"{name}.parquet"
+        staged.append((staged_path(target), target))
+        write_trace(staged[-1][0], frame)
+        files[name] = file_entry(staged[-1][0], target.name, rows=len(frame))
         if jsonl:
+            target = out / f"{name}.jsonl"
+            staged.append((staged_path(target), target))
             tokenizer = trace_set.tokenizer_object or load_tokenizer(trace_set.options.tokenizer)
-            export_jsonl(frame, jsonl_path, tokenizer, progress=progress)
-            paths[f"{name}_jsonl"] = jsonl_path
-            files[f"{name}_jsonl"] = {"file": jsonl_path.name, "rows": len(frame)}
-    manifest = {
-        "kind": "traces",
-        "format_version": FORMAT_VERSION,
-        "files": files,
-        "counts": trace_set.counts,
-        "parameters": trace_set.options.to_dict(),
-        "tokenizer": trace_set.tokenizer.to_dict(),
-        "template": template_info(trace_set.options),
-        "seconds": {**trace_set.seconds, "save": round(time.perf_counter() - started, 3)},
-        "package_versions": package_versions(),
-        "git_commit": git_commit(),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        **(manifest_extra or {}),
-    }
-    write_json(out / MANIFEST_NAME, manifest)
-    paths["manifest"] = out / MANIFEST_NAME
-    return paths
+            export_jsonl(frame, staged[-1][0], tokenizer, progress=progress, label=target.name)
+            files[f"{name}_jsonl"] = file_entry(staged[-1][0], target.name, rows=len(frame))
+    return files
 
 
 def load_manifest(out_dir: str | Path | None = None) -> dict[str, Any] | None:
@@ -216,12 +313,13 @@ def export_jsonl(
     *,
     batch: int = 512,
     progress: bool = True,
+    label: str | None = None,
 ) -> Path:
     """The seeds' JSONL (prompt, response, conversation_id, turn_index, timestamp) of a trace.
 
     Texts are decoded from the ids (lossless for byte-level BPE): "prompt" is the rendered
     prompt, special tokens included; "response" the recorded (possibly capped) reply without
-    its closing <|eot_id|>.
+    its closing <|eot_id|>. `label`: the name the progress bar shows (default: the file's).
     """
     from tqdm import tqdm
 
@@ -234,7 +332,10 @@ def export_jsonl(
         atomic_path(path) as tmp,
         open(tmp, "w", encoding="utf-8") as handle,
         tqdm(
-            total=rows, unit="req", desc=f"export {path.name}", disable=None if progress else True
+            total=rows,
+            unit="req",
+            desc=f"export {label or path.name}",
+            disable=None if progress else True,
         ) as bar,
     ):
         for start in range(0, rows, batch):
