@@ -91,8 +91,11 @@ def test_bad_dtype_is_one_line_error(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_dtype_none_keeps_earlier_config_ids_and_explicit_changes_them() -> None:
     import hashlib
 
+    from analysis.engines.config import FLEET_FIELDS
+
     base = RunConfig()
-    before = {k: v for k, v in base.to_dict().items() if k != "dtype"}  # the field's absence
+    # the absence of the fields added later (dtype; a fleet's replicas and router)
+    before = {k: v for k, v in base.to_dict().items() if k not in ("dtype", *FLEET_FIELDS)}
     payload = json.dumps(
         {"config": before, "trace_hash": "h", "extra": ""}, sort_keys=True, separators=(",", ":")
     )
@@ -157,6 +160,7 @@ def test_vllm_is_told_the_folder_dtype(tmp_path: Path, monkeypatch: pytest.Monke
     from analysis.platform import hardware
 
     monkeypatch.setenv("PREFIX_CACHE_LAB_ROOT", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # a hub name below is a fixture, never fetched
     folder = str(ensure_random_llama(dtype="float32"))
     shape = "llama-3.2-1b"  # its config.json says bfloat16
     for facts, hub, random_shape in (

@@ -57,7 +57,8 @@ def test_load_format_is_dummy_only_for_shapes(root, tmp_path):
         model_shapes.materialise("llama-9b")
 
 
-def test_a_shape_name_becomes_its_folder_with_dummy_weights(root):
+def test_a_shape_name_becomes_its_folder_with_dummy_weights(root, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # a hub name below is a fixture, never fetched
     config = RunConfig(engine="vllm", device="cuda", model="llama-3.1-8b", block_size=16)
     model = config_model(config)
     assert model.path == str(root / "data" / "cache" / "shapes" / "llama-3.1-8b")
@@ -124,7 +125,7 @@ def test_the_real_cpu_engine_runs_the_1b_shape_with_random_weights():
     assert real.summary["first_prefill"]["hits"] == 2 * (99 // 32 * 32)
 
 
-def test_serving_resolves_shapes_with_random_weights():
+def test_serving_resolves_shapes_with_random_weights(monkeypatch):
     """The serving benchmark takes a shape name: its folder, served with --load-format dummy
     (a real folder or hub name keeps vLLM's default loading)."""
     from analysis import serving
@@ -133,5 +134,6 @@ def test_serving_resolves_shapes_with_random_weights():
     assert folder == str(model_shapes.materialise("llama-3.1-8b"))
     flags = serving.ServingBenchConfig(model="llama-3.1-8b").server_config(folder, "cache").flags()
     assert flags[flags.index("--load-format") + 1] == "dummy"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # a hub name as a fixture, never fetched
     plain = serving.ServingBenchConfig().server_config("meta-llama/Llama-3.2-1B", "cache")
     assert "--load-format" not in plain.flags()

@@ -71,6 +71,11 @@ def main(args: argparse.Namespace) -> int:
         result = compute(args)
     except (ValueError, FileNotFoundError) as exc:
         raise UsageError(str(exc)) from None
+    except MemoryError:  # the estimates before each allocation were not enough
+        raise UsageError(
+            f"the bounds of {args.trace} ran out of memory: give fewer or smaller --capacities "
+            "or --policies, or use a machine with more memory"
+        ) from None
     if args.json:
         print(json.dumps(_json_safe(result), indent=2))
     else:
@@ -85,6 +90,8 @@ def compute(args: argparse.Namespace) -> dict[str, Any]:
     from analysis.metrics import bounds
 
     started = time.perf_counter()
+    if args.block_size is not None and args.block_size < 1:
+        raise ValueError(f"--block-size must be a positive integer (got {args.block_size})")
     path = Path(args.trace)
     blockhash = path.suffix.lower() in BLOCKHASH_SUFFIXES
     result: dict[str, Any] = {"trace": str(path)}

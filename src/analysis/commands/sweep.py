@@ -41,6 +41,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from analysis.engines import is_complete
+    from analysis.platform.writable import ensure_writable
     from analysis.report.notebooks import run_point_notebook
     from analysis.sweeps.executors import run_points
     from analysis.sweeps.grid import find_point, grid_points, is_done, result_folder
@@ -56,7 +58,11 @@ def main(args: argparse.Namespace) -> int:
         output = run_point_notebook(point, args.grid, force=args.force)
         print(f"{point.point_id}: {result_folder(point).name} (notebook: {output})")
         return 0
-    total = len({result_folder(point) for point in points})  # series may share a point
+    folders = {result_folder(point) for point in points}  # series may share a point
+    pending = {f for f in folders if args.force or not is_complete(f)}
+    for parent in {folder.parent for folder in pending}:  # checked before computing
+        ensure_writable(parent)
+    total = len(folders)
     written = iter(range(1, total + 1))
 
     def say_done(point) -> None:  # one line per point written, as it happens

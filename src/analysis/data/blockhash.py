@@ -15,6 +15,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import zlib
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ OPTIONAL_INT_FIELDS = ("chat_id", "parent_chat_id", "turn")
 TIMESTAMP_UNITS = ("auto", "s", "ms")
 TOKEN_LIMIT = 128_000  # synthetic token ids stay below Llama 3's special tokens
 HASH_ID_LIMIT = 2**62
+LENGTH_LIMIT = 2**53  # tokens, far beyond any context; keeps int64 sums of a few lengths exact
 MAX_EXAMPLES = 5
 
 
@@ -97,6 +99,24 @@ def load_blockhash_trace(
         raise BlockHashError(f"no block-hash trace at {path}")
     report = ImportReport(path=str(path), block_size=block_size)
     reasons: Counter[str] = Counter()
+    try:
+        rows = _read_records(path, report, reasons)
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        raise BlockHashError(
+            f"{path} is not a readable gzip file ({exc}): give the plain .jsonl, or a complete .gz"
+        ) from None
+    report.malformed = sum(reasons.values())
+    report.reasons = dict(reasons.most_common())
+    if not rows:
+        detail = f" ({report.examples[0]})" if report.examples else ""
+        raise BlockHashError(f"no valid request in {path}: {report.lines} lines read{detail}")
+    frame = _to_frame(rows, block_size, timestamp_unit, report)
+    report.records = len(frame)
+    return frame, report
+
+
+def _read_records(path: Path, report: ImportReport, reasons: Counter[str]) -> list[dict[str, Any]]:
+    """The usable records of a plain or gzipped file; bad lines are counted in `reasons`."""
     rows: list[dict[str, Any]] = []
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8", errors="replace") as handle:
@@ -112,14 +132,7 @@ def load_blockhash_trace(
                 continue
             record["line"] = number
             rows.append(record)
-    report.malformed = sum(reasons.values())
-    report.reasons = dict(reasons.most_common())
-    if not rows:
-        detail = f" ({report.examples[0]})" if report.examples else ""
-        raise BlockHashError(f"no valid request in {path}: {report.lines} lines read{detail}")
-    frame = _to_frame(rows, block_size, timestamp_unit, report)
-    report.records = len(frame)
-    return frame, report
+    return rows
 
 
 def _parse_line(line: str) -> tuple[dict[str, Any], str | None]:
@@ -142,6 +155,8 @@ def _parse_line(line: str) -> tuple[dict[str, Any], str | None]:
         return {}, "input_length is not a positive integer"
     if not _is_int(obj["output_length"]) or obj["output_length"] < 0:
         return {}, "output_length is not a non-negative integer"
+    if max(obj["input_length"], obj["output_length"]) >= LENGTH_LIMIT:
+        return {}, "length out of range"
     stamp = obj["timestamp"]
     if not _is_number(stamp) or not math.isfinite(stamp):
         return {}, "timestamp is not a number"

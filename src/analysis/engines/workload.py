@@ -31,9 +31,11 @@ import numpy as np
 import pandas as pd
 
 from analysis.engines.config import ConfigError, RunConfig
+from analysis.platform.errors import TraceError
 
 EOT_ID = 128009  # <|eot_id|>: the recorded replies end with it
 FREE_TOKEN_LIMIT = 128_000  # free tokens are drawn below this id (plain text ids)
+REBUILD = "rebuild the trace (python -m analysis traces)"
 TRACE_COLUMNS = ("request_id", "conversation_id", "turn_index", "prompt_ids", "response_ids")
 
 
@@ -109,9 +111,11 @@ def build_workload(
     specs: list[RequestSpec] = []
     conversations: dict[str, list[int]] = {}
     for index, row in enumerate(frame.itertuples(index=False)):
-        prompt = np.asarray(row.prompt_ids, dtype=np.int32)
-        response = np.asarray(row.response_ids, dtype=np.int32)
         request_id = str(row.request_id)
+        prompt = token_ids(row.prompt_ids, request_id, "prompt_ids")
+        response = token_ids(row.response_ids, request_id, "response_ids")
+        if prompt.shape[0] == 0:
+            raise TraceError(f"request {request_id!r} has an empty prompt: {REBUILD}")
         spec = RequestSpec(
             index=index,
             request_id=request_id,
@@ -136,6 +140,17 @@ def build_workload(
             "them out (counted in the result)"
         )
     return workload
+
+
+def token_ids(
+    values: Sequence[int] | np.ndarray | None, request_id: str, column: str
+) -> np.ndarray:
+    """A request's token ids as int32, or a TraceError for a null list or a null id in it
+    (a Parquet null reads as None, or as NaN inside a list; casting would invent an id)."""
+    array = None if values is None else np.asarray(values)
+    if array is None or (array.dtype.kind in "fO" and pd.isna(array).any()):
+        raise TraceError(f"request {request_id!r} has a null token id in {column}: {REBUILD}")
+    return array.astype(np.int32, copy=False)
 
 
 def limit_trace(trace: pd.DataFrame, limit: int | None) -> pd.DataFrame:

@@ -11,11 +11,13 @@ that the engines, the servers, the KV-pool arithmetic and the manifest cannot di
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from analysis.models import local, shapes
+from analysis.platform.errors import ConfigError
 from analysis.platform.hardware import choose_dtype, machine
 
 # The local random-weight Llamas, by the names `--model` accepts.
@@ -87,15 +89,15 @@ def resolve_model(
     """Resolve `name` once: a built-in local model (built on first use, in `dtype` or the dtype
     the machine computes natively), a registered shape (its folder, random weights), a local
     folder, or a hub name (vLLM resolves it: it needs a network or a filled cache). `dtype`
-    forces the dtype vLLM is given; `default` is the built-in used when `name` is None."""
+    forces the dtype vLLM is given; `default` is the built-in used when `name` is None. A name
+    that can be none of these is a ConfigError here, before any engine starts."""
     builtin = BUILTIN_MODELS.get(default if name is None else name)
     if builtin is not None:
         path = str(local.ensure_random_llama(builtin, dtype))
     elif shapes.is_shape(name):
         path = str(shapes.materialise(name))
     else:
-        local_path = Path(name).expanduser()
-        path = str(local_path.resolve()) if local_path.exists() else name
+        path = _folder_or_hub_name(name)
     load_format = shapes.load_format(name) or shapes.load_format(path)
     if builtin is not None:
         weights = "local random"
@@ -113,6 +115,49 @@ def resolve_model(
         folder_dtype=folder_dtype,
         **_shape(path),
     )
+
+
+def _folder_or_hub_name(name: str) -> str:
+    """A local folder (its absolute path) or a hub name vLLM can load, else a ConfigError that
+    lists the choices (vLLM would find out only after seconds, with a hub traceback)."""
+    folder = Path(name).expanduser()
+    if folder.exists():
+        return str(folder.resolve())
+    if not _hub_name(name):
+        where, fix = "a hub name ('org/name')", "give a folder that exists"
+    elif _hub_cached(name) or not _hub_offline():
+        return name  # cached, or downloaded by vLLM
+    else:
+        where = "a hub model in the local cache (HF_HUB_OFFLINE is set)"
+        fix = "fetch the hub model once with HF_HUB_OFFLINE=0"
+    raise ConfigError(
+        f"model {name!r} is neither a built-in ({', '.join(BUILTIN_MODELS)}), a registered shape "
+        f"({', '.join(shapes.SHAPES)}), an existing folder, nor {where}: name one of those, "
+        f"or {fix}"
+    )
+
+
+def _hub_name(name: str) -> bool:
+    """Whether `name` has the form of a hub repository id ('org/name' or 'name')."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
+def _hub_cached(name: str) -> bool:
+    """Whether the local Hugging Face cache holds the model's config.json."""
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(name, "config.json"), str)
+
+
+def _hub_offline() -> bool:
+    """HF_HUB_OFFLINE, read now (the Makefile sets it; huggingface_hub reads it at import)."""
+    return (os.environ.get("HF_HUB_OFFLINE") or "").strip().upper() in {"1", "ON", "YES", "TRUE"}
 
 
 def _vllm_dtype(asked: str | None, weights: str, folder_dtype: str | None) -> tuple[str, str]:

@@ -60,3 +60,8 @@ class ServerLostError(AnalysisError, RuntimeError):
 
 class ResultError(AnalysisError):
     """A result folder that exists but cannot be read (a corrupt or foreign table)."""
+
+
+class OutputError(AnalysisError, OSError):
+    """An output folder that cannot be created or written (full disk, read-only, a file in the
+    way); an `OSError` still, for callers that caught the file system's own error."""

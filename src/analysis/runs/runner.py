@@ -144,17 +144,26 @@ def run_and_write(
 ) -> tuple[Path, RunResult | None]:
     """Run `config` over its trace file into `results/<config_id>/`, unless already complete.
 
-    Returns the folder and the result (None when a complete result was already there).
+    Returns the folder and the result (None when a complete result was already there). The
+    results folder is checked writable before the run, so a full or read-only disk costs no
+    computing; a write that fails all the same is one line (`OutputError`) too.
     """
     from analysis.engines.result import is_complete
     from analysis.platform.paths import results_dir
+    from analysis.platform.writable import ensure_writable, output_error
 
     validate(config)
     folder = Path(results or results_dir()) / config_id_for(config)
     if is_complete(folder) and not force:
         return folder, None
+    ensure_writable(folder.parent)
+    if config.model is not None:  # an unknown name or a missing folder: before the trace loads
+        config_model(config)
     result = run(None, config, progress=progress)
-    result.write(folder)
+    try:
+        result.write(folder)
+    except OSError as exc:
+        raise output_error(folder.parent, exc) from None
     return folder, result
 
 

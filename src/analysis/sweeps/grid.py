@@ -124,7 +124,10 @@ def _block_counts(spec: str | list[int], proto, budget) -> list[int]:
         return [budget(proto)]
     if not (isinstance(spec, str) and spec.startswith("log:")):
         raise GridError(f"num_blocks must be a list, 'log:N' or 'max', got {spec!r}")
-    return log_spaced_blocks(proto.min_num_blocks, budget(proto), int(spec[4:]))
+    count = spec[4:].strip()
+    if not count.isdigit():
+        raise GridError(f"num_blocks {spec!r}: N in 'log:N' must be a whole number, e.g. 'log:8'")
+    return log_spaced_blocks(proto.min_num_blocks, budget(proto), int(count))
 
 
 def log_spaced_blocks(low: int, high: int, count: int) -> list[int]:
@@ -146,6 +149,12 @@ def no_pressure_blocks(config) -> int:
     """Blocks that hold every token of the sample at once (prompts and replies, no sharing
     assumed): with that many, nothing is ever evicted or preempted."""
     path = resolve_trace(config.trace)
+    if not path.is_file():
+        raise GridError(
+            f"trace {config.trace!r} not found (looked for {path}): num_blocks 'max' and 'log:N' "
+            "are sized from it; build it with `python -m analysis traces` or give num_blocks "
+            "as a list"
+        )
     tokens = _sample_tokens(
         str(path), path.stat().st_mtime_ns, config.limit, config.max_output_tokens
     )

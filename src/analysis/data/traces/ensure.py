@@ -23,6 +23,7 @@ from analysis.data.traces.sets import set_lock
 from analysis.data.traces.storage import load_manifest, set_is_intact, write_trace_set
 from analysis.platform.errors import TraceError
 from analysis.platform.manifest import file_sha256
+from analysis.platform.writable import ensure_writable
 
 
 def build_request(
@@ -82,6 +83,7 @@ def ensure_traces(
     wanted = ["multi_turn.parquet", "single_turn.parquet"]
     if jsonl:
         wanted += ["multi_turn.jsonl", "single_turn.jsonl"]
+    ensure_writable(out)  # a full, read-only or mistaken --out: one line, before any work
     with set_lock(out):
         manifest = load_manifest(out)
         if (

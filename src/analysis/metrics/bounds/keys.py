@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.metrics.bounds.kernels import _compiled, _lru_distance_kernel
+from analysis.metrics.bounds.memory import BYTES_PER_STORED_BLOCK, require_memory
 from analysis.platform.errors import BoundsError
 
 
@@ -140,16 +141,16 @@ def _index_tokens(
     prompt_tokens = np.empty(len(prompts), np.int64)
     computed = np.empty(len(prompts), np.int64)
     for r, prompt in enumerate(prompts):
-        tokens = _as_token_array(prompt)
+        name = ids[r] if ids is not None else r
+        tokens = _as_token_array(prompt, name)
         n = tokens.shape[0]
         if n == 0:
-            name = ids[r] if ids is not None else r
             raise BoundsError(f"request {name} has an empty prompt: rebuild the trace")
         prompt_tokens[r] = n
         pieces.append(tokens)
         extra = 0
         if include_outputs:
-            reply = _as_token_array(responses[r]) if responses is not None else pieces[-1][:0]
+            reply = _as_token_array(responses[r], name) if responses is not None else tokens[:0]
             extra = max(reply.shape[0], 1) - 1
             if extra:
                 pieces.append(reply[:extra])
@@ -172,10 +173,12 @@ def _index_tokens(
     )
 
 
-def _as_token_array(tokens: Any) -> np.ndarray:
-    array = np.asarray(tokens)
+def _as_token_array(tokens: Any, name: Any) -> np.ndarray:
+    array = None if tokens is None else np.asarray(tokens)
+    if array is None or (array.dtype.kind in "fO" and pd.isna(array).any()):
+        raise BoundsError(f"request {name} has a null token id: rebuild the trace")
     if array.ndim != 1:
-        raise BoundsError("token ids must be one flat sequence per request")
+        raise BoundsError(f"request {name}: token ids must be one flat sequence per request")
     if array.size and (array.min() < 0 or array.max() > np.iinfo(np.int32).max):
         raise BoundsError("token ids must be non-negative 32-bit integers")
     return array.astype(np.int32, copy=False)
@@ -194,6 +197,7 @@ def _index_blockhash(
         raise BoundsError("a block-hash trace has a request with input_length < 1")
     computed = n + np.maximum(m, 1) - 1 if include_outputs else n.copy()
     stored_units = computed // unit
+    _require_index_memory(frame, stored_units)
     hash_lists = list(frame["hash_ids"])
     top = max((int(np.max(h)) for h in hash_lists if len(h)), default=-1)
     fresh = top + 1  # ids of blocks that no other request can share (replies, missing ids)
@@ -222,6 +226,22 @@ def _index_blockhash(
         order=order,
         adjacent_lcp=adjacent,
         prior_lcp=prior,
+    )
+
+
+def _require_index_memory(frame: pd.DataFrame, stored_units: np.ndarray) -> None:
+    """Refuse a block-hash trace whose lengths (numbers, not data) need more memory than the
+    machine has, before the index allocates one entry per block."""
+    if not stored_units.shape[0]:
+        return
+    total = sum(stored_units.tolist())  # Python ints: no int64 overflow
+    longest = int(np.argmax(stored_units))
+    where = f"line {frame['line'].iloc[longest]}" if "line" in frame.columns else f"row {longest}"
+    require_memory(
+        total * BYTES_PER_STORED_BLOCK,
+        f"the block-hash trace's {total:,} blocks (the longest at {where}: input_length "
+        f"{int(frame['input_length'].iloc[longest]):,})",
+        "check that line's input_length and output_length, or use a machine with more memory",
     )
 
 

@@ -28,14 +28,19 @@ class VllmSimulation:
 def simulate_vllm(keys: BlockKeys, num_blocks: int) -> VllmSimulation:
     """Mirror of vLLM 0.32's `BlockPool` (free queue, hash map, touch, free) for requests that
     run one after another, each prefilling its prompt and decoding until it holds
-    `allocated` blocks. Straightforward Python: seconds per capacity on the whole trace."""
+    `allocated` blocks. Straightforward Python: seconds per capacity on the whole trace.
+
+    A pool larger than every block the trace allocates never evicts (new blocks come from the
+    never-used ones ahead of the cached ones), so it is simulated at that size: a capacity of
+    10^12 costs what the trace does, not 10^12 queue entries."""
     need = int(keys.allocated.max(initial=0))
     if num_blocks - 1 < need:
         raise BoundsError(
             f"num_blocks={num_blocks} cannot hold the largest request ({need} blocks plus the "
             f"null block): use num_blocks >= {need + 1}"
         )
-    free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_blocks))  # 0 is null
+    pool = min(num_blocks, int(keys.allocated.sum()) + 1)  # the same result, bounded memory
+    free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, pool))  # 0 is null
     block_key: dict[int, int] = {}
     key_blocks: dict[int, dict[int, None]] = {}  # key -> its cached copies, oldest first
     hits = np.zeros(keys.num_requests, np.int64)

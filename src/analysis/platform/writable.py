@@ -1,0 +1,53 @@
+"""Whether an output folder can be written, asked before the work that fills it.
+
+A run that computes for minutes and only then finds its folder on a full or read-only disk, or
+a file where the folder should be, loses that work. Creating the folder and writing one small
+file first costs nothing; an `OSError` met at either moment becomes one line naming the folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from pathlib import Path
+
+from analysis.platform.errors import OutputError
+
+PROBE_BYTES = 4096  # one page: a disk with no room left refuses it
+
+# errno -> what is wrong and what to do (any other errno: the system's own words).
+REASONS = {
+    errno.ENOSPC: "the disk is full: free some space or choose another folder",
+    errno.EDQUOT: "the disk quota is used up: free some space or choose another folder",
+    errno.EROFS: "the file system is read-only: choose a writable folder",
+    errno.EACCES: "permission denied: choose a folder you can write to",
+    errno.EPERM: "permission denied: choose a folder you can write to",
+    errno.EEXIST: "a file is in the way: remove it or choose another folder",
+    errno.ENOTDIR: "a file is in the way: remove it or choose another folder",
+}
+
+
+def ensure_writable(folder: str | Path) -> Path:
+    """Create `folder` (and its parents), write and remove a probe file in it; `OutputError`
+    (one line) if the file system refuses."""
+    folder = Path(folder)
+    probe = folder / f".write-probe-{os.getpid()}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(probe, "wb") as handle:
+            handle.write(b"\0" * PROBE_BYTES)
+        probe.unlink()
+    except OSError as exc:
+        with contextlib.suppress(OSError):  # a probe half-written on a full disk
+            probe.unlink(missing_ok=True)
+        raise output_error(folder, exc) from None
+    return folder
+
+
+def output_error(folder: str | Path, exc: OSError) -> OutputError:
+    """One line for an `OSError` met while creating or writing `folder`."""
+    reason = REASONS.get(exc.errno or 0)
+    if reason is None:
+        reason = f"{exc.strerror or exc}: choose another folder"
+    return OutputError(f"cannot write to {folder}: {reason}")
