@@ -4,6 +4,10 @@ Example:
     python -m analysis run --trace multi_turn --engine replay --block-size 16 \\
         --num-blocks 256 --mode closed-loop --concurrency 8
 
+A fleet of 4 replay engines, 600 blocks each, behind session affinity with a load cap:
+    python -m analysis run --engine fleet --replicas 4 --router affinity-cap1.25 \\
+        --num-blocks 600 --concurrency 32
+
 The result goes to `data/results/<config id>/`. A configuration already finished there is not
 run again unless `--force`. The folder is built under a temporary name and renamed at the end
 (manifest.json written last), so an interrupted run leaves nothing that looks complete.
@@ -24,6 +28,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         LONG_PROMPTS,
         MODES,
         OUTPUTS,
+        ROUTERS,
         RunConfig,
     )
     from analysis.platform.hardware import DTYPES
@@ -87,6 +92,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="write the block events' aggregates (a few kB) or every event (hundreds of MB "
         "for a whole trace)",
     )
+    parser.add_argument(
+        "--replicas", type=int, default=d.replicas, help="fleet: replay engines (blocks each)"
+    )
+    routers = ", ".join(n if p is None else f"{n}[-{p}X]" for n, p in ROUTERS.items())
+    parser.add_argument("--router", default=d.router, help=f"fleet: one of {routers}")
     parser.add_argument("--force", action="store_true", help="run again even if finished")
     parser.add_argument("--results-dir", type=Path, default=None, help="default data/results")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -117,6 +127,8 @@ def config_from_args(args: argparse.Namespace):
         fast_path=not args.no_fast_path,
         dtype=args.dtype,
         block_events=args.block_events,
+        replicas=args.replicas,
+        router=args.router,
     )
 
 
