@@ -1,9 +1,10 @@
 """`make bench`: time the heavy paths, each benchmark printing ratios measured in the same run.
 
-Run one with `python bench/run.py traces` (names: dtype, traces, engines, bounds, serving,
-sweep). A benchmark's `main()` may return {ratio name: value}; every ratio is printed again in
-one table at the end, under the machine it was measured on. Speed is only ever compared
-within one run: no test asserts on it.
+Run one with `python bench/run.py traces` (names: dtype, traces, engines, replay, bounds,
+serving, sweep; `replay` is the whole-trace replay against its baseline revision and the
+fleet, without the real-engine sample of `engines`). A benchmark's entry point may return
+{ratio name: value}; every ratio is printed again in one table at the end, under the machine
+it was measured on. Speed is only ever compared within one run: no test asserts on it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import sys
 import time
 from pathlib import Path
 
-BENCHMARKS = ("dtype", "traces", "engines", "bounds", "serving", "sweep")
+BENCHMARKS = ("dtype", "traces", "engines", "replay", "bounds", "serving", "sweep")
+# A benchmark that is one entry point of another's file: name -> (file, function).
+ENTRY_POINTS = {"replay": ("engines", "replay_main")}
 
 
 def load(name: str):
@@ -37,7 +40,8 @@ def main(argv: list[str]) -> int:
     for name in chosen:
         print(f"\n=== bench: {name} ===", flush=True)
         started = time.perf_counter()
-        measured = load(name).main()
+        file, function = ENTRY_POINTS.get(name, (name, "main"))
+        measured = getattr(load(file), function)()
         seconds[name] = time.perf_counter() - started
         ratios += [(name, ratio, value) for ratio, value in (measured or {}).items()]
         print(f"=== {name}: {seconds[name]:.1f} s ===", flush=True)
