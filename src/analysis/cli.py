@@ -18,7 +18,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gpu-check": ("gpu_check", "prove a GPU machine: real engine vs replay, then GPU timing"),
     "report": ("report", "re-execute the notebooks with papermill and build the HTML report"),
     "readme": ("readme", "rewrite README.md's generated blocks from committed notebook outputs"),
+    "vllm": ("vllm_cli", "vLLM's own command line (serve, bench ...) in this environment"),
 }
+# Commands whose arguments, options included, all belong to another program's command line.
+PASSTHROUGH = ("vllm",)
 
 
 # The name the command modules used before the errors moved to analysis.platform.errors.
@@ -41,7 +44,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), None)
-    args = build_parser(command).parse_args(argv)
+    args = build_parser(command).parse_args(_pass_through(argv, command))
     try:
         return int(args.handler(args) or 0)
     except AnalysisError as exc:
@@ -50,6 +53,17 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: nothing partial was kept", file=sys.stderr)
         return 130
+
+
+def _pass_through(argv: list[str], command: str | None) -> list[str]:
+    """`argv` with `--` after a pass-through command's name, so that argparse hands on its
+    options (`vllm --version`) instead of reading them as ours."""
+    if command not in PASSTHROUGH:
+        return argv
+    after = argv.index(command) + 1
+    if argv[after : after + 1] == ["--"]:
+        return argv
+    return [*argv[:after], "--", *argv[after:]]
 
 
 def _one_line(exc: BaseException) -> str:

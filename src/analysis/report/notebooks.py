@@ -9,6 +9,7 @@ overwritten by a sweep point).
 from __future__ import annotations
 
 import html
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,8 +118,12 @@ def to_html(notebooks: list[Path], out_dir: Path | None = None) -> Path:
 
 def run_point_notebook(point: Point, grid: str | Path, *, force: bool = False) -> Path:
     """Run one point through `notebooks/03-run-config.ipynb` (papermill, parameters injected);
-    the executed copy goes to reports/runs/<grid>/<point>.ipynb."""
+    the executed copy goes to reports/runs/<grid>/<point>.ipynb, renamed there only when the
+    whole notebook ran (papermill writes as it goes: a failed or killed point leaves no copy
+    that `make sweep` would take as done)."""
     output = reports_dir() / "runs" / Path(grid).stem / f"{point.point_id}.ipynb"
+    partial = output.with_name(f".{output.name}.partial")
     parameters = point.config.to_dict() | {"force": force}
-    execute(notebooks_dir() / RUN_CONFIG_NOTEBOOK, output, parameters, progress=False)
+    execute(notebooks_dir() / RUN_CONFIG_NOTEBOOK, partial, parameters, progress=False)
+    os.replace(partial, output)
     return output

@@ -3,8 +3,9 @@
 `VllmServer` starts `vllm serve` (on 127.0.0.1, a free port, its own process group, log to a
 file), waits until `/health` answers and `/v1/models` lists the model, and in `__exit__` ends
 the whole process group: SIGTERM, then SIGKILL after a grace period. The same happens when
-the parent gets SIGINT or SIGTERM, and at interpreter exit, so no server outlives its
-benchmark (only a SIGKILL of the parent itself cannot be caught).
+the parent gets SIGINT or SIGTERM, and at interpreter exit. When the parent dies without
+running any of that (SIGKILL, or a closed terminal's SIGHUP), a guard process does the same
+(`analysis.platform.processes.guard_group`), so no server outlives its benchmark.
 
 A module of its own: process supervision (process groups, signal guards, readiness) is a
 concern apart from what is measured on the server. Importing it imports neither vllm nor torch.
@@ -32,6 +33,8 @@ from typing import Any
 
 from analysis.models import resolved
 from analysis.platform.errors import ServerLostError, ServerStartError
+from analysis.platform.processes import dismiss_guard, guard_group, terminate_group
+from analysis.platform.processes import group_members as _group_members  # noqa: F401 - its old name
 from analysis.serving import loadgen
 from analysis.serving.model_names import served_name
 
@@ -139,41 +142,6 @@ def _last_error(tail: str) -> str:
     return ""
 
 
-def _group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes of a process group."""
-    import psutil
-
-    members = []
-    for proc in psutil.process_iter(["pid", "status"]):
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
-                members.append(proc.pid)
-        except (ProcessLookupError, PermissionError, psutil.Error):
-            continue
-    return members
-
-
-def _signal_group(pgid: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signum)
-
-
-def terminate_group(pgid: int, proc: subprocess.Popen | None, grace_s: float) -> None:
-    """SIGTERM the group, wait up to `grace_s` for all of it to exit, then SIGKILL the rest."""
-    for signum, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-        _signal_group(pgid, signum)
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            if proc is not None:
-                proc.poll()  # reap our direct child so that it stops counting
-            if not _group_members(pgid):
-                return
-            time.sleep(0.1)
-    if proc is not None:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=1.0)
-
-
 _LIVE: dict[int, VllmServer] = {}
 _PREVIOUS_HANDLERS: dict[int, Any] = {}
 _GUARD_LOCK = threading.Lock()
@@ -253,6 +221,7 @@ class VllmServer:
         self.startup_s: float = math.nan
         self.command: list[str] = []
         self._proc: subprocess.Popen | None = None
+        self._guard: subprocess.Popen | None = None
         self._log = None
         self._launched_at = math.nan
 
@@ -310,6 +279,11 @@ class VllmServer:
         )
         self.pgid = self._proc.pid
         _LIVE[id(self)] = self
+        try:  # ends the group if this process dies without running stop() (SIGKILL, SIGHUP)
+            self._guard = guard_group(self.pgid, self.config.stop_grace_s, log=self._log)
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def wait_until_ready(self) -> VllmServer:
@@ -354,6 +328,9 @@ class VllmServer:
                 terminate_group(self.pgid, proc, self.config.stop_grace_s)
         finally:
             _LIVE.pop(id(self), None)
+            guard, self._guard = self._guard, None
+            if guard is not None:
+                dismiss_guard(guard)
             if self._log is not None:
                 self._log.close()
                 self._log = None

@@ -26,10 +26,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from analysis.platform.errors import GridError
 from analysis.sweeps.grid import Point, is_done, result_folder
+
+if TYPE_CHECKING:
+    from concurrent.futures import ProcessPoolExecutor
 
 EXECUTORS = ("local", "ray")
 MAX_RETRIES = 3  # times Ray runs a point again after losing its worker
@@ -150,18 +153,37 @@ def compute_point(config: dict[str, Any]) -> Any:
     return result.without_block_events()
 
 
+def worker_pool(workers: int) -> ProcessPoolExecutor:
+    """`workers` processes of this machine, spawned (each starts vLLM clean), each killed by
+    the kernel when this process dies: a SIGKILLed or SIGTERMed sweep leaves no worker behind
+    (orphans blocked for good writing their result to a pipe no one reads).
+
+    The kernel's parent-death signal fires when the thread that started a worker ends: the
+    thread that submits (no `max_tasks_per_child`, so the pool's own thread starts none).
+    Use the pool in a `with` block, which waits for every worker: that thread outlives them."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from analysis.platform.processes import die_with_parent
+
+    return ProcessPoolExecutor(
+        workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=die_with_parent,
+        initargs=(os.getpid(),),
+    )
+
+
 def _run_in_processes(
     todo: list[Point],
     workers: int,
     folder: Callable[[Point], Path],
     finished: Callable[[Point], None],
 ) -> None:
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import as_completed
     from concurrent.futures.process import BrokenProcessPool
 
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(min(workers, len(todo)), mp_context=context) as pool:
+    with worker_pool(min(workers, len(todo))) as pool:
         futures = {pool.submit(compute_point, p.config.to_dict()): p for p in todo}
         try:
             for future in as_completed(futures):
