@@ -45,7 +45,14 @@ import pandas as pd
 from analysis.engines.blockstats import BlockStats
 from analysis.engines.config import RunConfig
 from analysis.platform.errors import ResultError
-from analysis.platform.manifest import lock_beside, read_json, write_json, write_parquet
+from analysis.platform.manifest import (
+    lock_beside,
+    read_json,
+    remove_dead_writers,
+    swap_folder,
+    write_json,
+    write_parquet,
+)
 
 TABLES = ("admissions", "requests", "block_stats")
 OPTIONAL_TABLES = ("block_events",)
@@ -78,7 +85,7 @@ class RunResult:
         """Write every table, then the manifest, into a temporary folder renamed at the end."""
         folder = Path(folder)
         folder.parent.mkdir(parents=True, exist_ok=True)
-        _remove_dead_writers(folder)
+        remove_dead_writers(folder)
         staging = folder.with_name(f".{folder.name}.partial-{os.getpid()}")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
@@ -89,7 +96,7 @@ class RunResult:
             write_json(staging / "summary.json", self.summary)
             write_json(staging / MANIFEST, self.manifest)
             with lock_beside(folder):
-                _replace_folder(staging, folder)
+                swap_folder(staging, folder)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return folder
@@ -166,34 +173,3 @@ def _read_part(path: Path, reader: Callable[[Path], Any]) -> Any:
 
 def is_complete(folder: Path) -> bool:
     return (Path(folder) / MANIFEST).is_file()
-
-
-def _remove_dead_writers(folder: Path) -> None:
-    """Staging and set-aside folders of `folder` whose writing process no longer exists."""
-    for stale in folder.parent.glob(f".{folder.name}.*-*"):
-        kind, _, pid = stale.name.rpartition("-")
-        if not kind.endswith((".partial", ".old")) or not pid.isdigit() or not stale.is_dir():
-            continue
-        if not _alive(int(pid)):
-            shutil.rmtree(stale, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
-def _replace_folder(staging: Path, folder: Path) -> None:
-    if folder.exists():
-        old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
-        shutil.rmtree(old, ignore_errors=True)
-        folder.rename(old)
-        staging.rename(folder)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        staging.rename(folder)

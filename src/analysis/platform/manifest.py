@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import platform
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterable
@@ -141,3 +142,41 @@ def read_json(path: Path) -> Any:
 def write_parquet(path: Path, frame: pd.DataFrame) -> None:
     with atomic_path(path) as tmp:
         frame.to_parquet(tmp, index=False)
+
+
+def swap_folder(staging: Path, folder: Path) -> None:
+    """Put a complete `staging` folder in `folder`'s place (call it holding `lock_beside`);
+    if that fails, the old folder goes back."""
+    if not folder.exists():
+        staging.rename(folder)
+        return
+    old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
+    shutil.rmtree(old, ignore_errors=True)
+    folder.rename(old)
+    try:
+        staging.rename(folder)
+    except BaseException:
+        old.rename(folder)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def remove_dead_writers(folder: Path) -> None:
+    """The staging (`.NAME.partial-PID`) and set-aside (`.NAME.old-PID`) folders of `folder`
+    whose writing process no longer exists."""
+    for stale in folder.parent.glob(f".{folder.name}.*-*"):
+        kind, _, pid = stale.name.rpartition("-")
+        if not kind.endswith((".partial", ".old")) or not pid.isdigit() or not stale.is_dir():
+            continue
+        if not _alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True

@@ -23,7 +23,14 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.platform.manifest import lock_beside, read_json, write_json, write_parquet
+from analysis.platform.manifest import (
+    lock_beside,
+    read_json,
+    remove_dead_writers,
+    swap_folder,
+    write_json,
+    write_parquet,
+)
 from analysis.platform.paths import results_dir
 
 
@@ -79,43 +86,11 @@ def _write_run(
         write_json(staging / "summary.json", summary)
         write_json(staging / "manifest.json", manifest)  # last: marks the run complete
         with lock_beside(run_dir):
-            _remove_dead_writers(run_dir)
-            _swap_folder(staging, run_dir)
+            remove_dead_writers(run_dir)
+            swap_folder(staging, run_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
-
-def _swap_folder(staging: Path, run_dir: Path) -> None:
-    """Put `staging` in `run_dir`'s place; if that fails, the old folder goes back."""
-    if not run_dir.exists():
-        staging.rename(run_dir)
-        return
-    old = run_dir.with_name(f".{run_dir.name}.old-{os.getpid()}")
-    shutil.rmtree(old, ignore_errors=True)
-    run_dir.rename(old)
-    try:
-        staging.rename(run_dir)
-    except BaseException:
-        old.rename(run_dir)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _remove_dead_writers(run_dir: Path) -> None:
-    """Staging and set-aside folders of `run_dir` left by writers that no longer run."""
-    for stale in run_dir.parent.glob(f".{run_dir.name}.*-*"):
-        kind, _, pid = stale.name.rpartition("-")
-        if kind.endswith((".partial", ".old")) and pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(stale, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
     return True
 
 
