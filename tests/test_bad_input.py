@@ -126,6 +126,25 @@ def test_an_empty_prompt_names_the_request(capsys, tmp_path):
     assert "'c0/1' has an empty prompt" in err and "rebuild the trace" in err
 
 
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda t: t.iloc[::-1], "conversation 'c0': turn 0 comes after a turn with the same or"),
+        (lambda t: t.iloc[[0, 1, 0, 1]], "request id 'c0/0' appears 2 times (2 repeated ids)"),
+    ],
+    ids=["turns-reversed", "rows-twice"],
+)
+def test_turns_out_of_order_or_repeated_ids_are_refused(capsys, tmp_path, trace, change, message):
+    """Rows 2.9, 2.10: run took a conversation's turns in row order (48 % instead of 61 %, or
+    the conversation replayed twice), without a word."""
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(
+        pa.Table.from_pandas(change(pq.read_table(trace).to_pandas()), preserve_index=False), bad
+    )
+    err = one_line_error(capsys, cli.main(run_argv(bad, tmp_path / "res")))
+    assert message in err and "rebuild the trace" in err
+
+
 def test_bounds_names_the_request_with_a_null_token_id(capsys, tmp_path):
     bad = write_trace(tmp_path / "null.parquet", [list(range(1, 40)), [1, None, 3]])
     err = one_line_error(capsys, cli.main(["bounds", "--trace", str(bad), "--no-progress"]))
