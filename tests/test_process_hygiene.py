@@ -49,7 +49,10 @@ def _running(pid: int) -> bool:
 
 def _start_parent(tmp_path: Path, body: str) -> subprocess.Popen:
     script = tmp_path / "parent.py"
-    script.write_text(textwrap.dedent(body))
+    # SIGHUP's default action (the test runner may have been started under nohup, which
+    # ignores it, and an ignored disposition is inherited)
+    default_hup = "import signal\nsignal.signal(signal.SIGHUP, signal.SIG_DFL)\n"
+    script.write_text(default_hup + textwrap.dedent(body))
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.Popen(
         [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env
