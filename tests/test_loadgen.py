@@ -417,6 +417,68 @@ def test_deadline_marks_unsent_requests():
     assert [r.status for r in results] == ["ok", "not_sent", "not_sent", "not_sent"]
 
 
+async def _frozen(coroutine_factory):
+    """A server that accepts connections and never answers (a SIGSTOPped vLLM, row 10.2)."""
+
+    async def hang(reader, writer):
+        await asyncio.sleep(3600)
+
+    server = await asyncio.start_server(hang, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        return await coroutine_factory(f"http://127.0.0.1:{port}")
+    finally:
+        server.close()
+
+
+def test_a_frozen_server_costs_one_timeout_not_one_per_request(monkeypatch):
+    """Row 10.2: a frozen server took 4 min 16 s to report, one request timeout after another."""
+    from analysis.serving.loadgen import client
+
+    monkeypatch.setattr(client, "HEALTH_TIMEOUT_S", 0.2)
+    started = time.perf_counter()
+    burst, _ = asyncio.run(
+        _frozen(
+            lambda url: loadgen.run_burst(url, "m", _specs(6), 1, timeout_s=0.3, progress=False)
+        )
+    )
+    conversations = [[RequestSpec(f"{c}/{t}", (1, t), 2, c, t) for t in range(3)] for c in "ab"]
+    loop, _ = asyncio.run(
+        _frozen(
+            lambda url: loadgen.run_closed_loop(
+                url, "m", conversations, 1, timeout_s=0.3, progress=False
+            )
+        )
+    )
+    for results in (burst, loop):
+        assert [r.status for r in results] == ["timeout"] + ["not_sent"] * (len(results) - 1)
+        assert all(r.error == client.FROZEN for r in results[1:])
+    assert time.perf_counter() - started < 3  # two timeouts and two probes, not 12 timeouts
+
+
+def test_a_slow_server_that_answers_health_keeps_its_requests():
+    from aiohttp import web
+
+    async def serve(url_to_run):
+        app = web.Application()
+        app.router.add_post("/v1/completions", FakeCompletions(stall=True).handle)
+        app.router.add_get("/health", lambda request: web.Response(text="ok"))
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        try:
+            return await url_to_run(f"http://127.0.0.1:{port}")
+        finally:
+            await runner.cleanup()
+
+    results, _ = asyncio.run(
+        serve(lambda url: loadgen.run_burst(url, "m", _specs(3), 1, timeout_s=0.3, progress=False))
+    )
+    assert [r.status for r in results] == ["timeout"] * 3
+
+
 def test_closed_loop_sends_a_turn_only_after_the_previous_one_finished():
     conversations = [
         [RequestSpec(f"{c}/{t}", (loadgen.BOS_ID, t), 2, c, t) for t in range(3)] for c in "abc"

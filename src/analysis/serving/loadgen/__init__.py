@@ -11,7 +11,8 @@ end-to-end latency, prompt and output tokens and a status:
     ok        the stream ended with `[DONE]`
     timeout   the request passed its time limit (the connection is closed, so vLLM aborts it)
     error     an HTTP error, a broken stream, or an error event from the server
-    not_sent  the run's deadline passed before the request could be sent
+    not_sent  the run's deadline passed, or the server froze (no answer to a request nor to
+              /health), before the request could be sent
 
 Timeouts and errors are counted and reported, never fatal.
 """

@@ -111,7 +111,12 @@ def _progress(total: int, desc: str, enabled: bool):
     return tqdm(total=total, desc=desc, disable=not enabled or not sys.stderr.isatty(), leave=False)
 
 
-def _not_sent(spec: RequestSpec) -> RequestResult:
+DEADLINE_PASSED = "run deadline passed"
+FROZEN = "not sent: the server answered neither a request nor /health"
+HEALTH_TIMEOUT_S = 5.0  # a server that cannot answer /health in this long is frozen
+
+
+def _not_sent(spec: RequestSpec, reason: str = DEADLINE_PASSED) -> RequestResult:
     return RequestResult(
         request_id=spec.request_id,
         group=spec.group,
@@ -119,8 +124,40 @@ def _not_sent(spec: RequestSpec) -> RequestResult:
         warmup=spec.warmup,
         status="not_sent",
         sent_prompt_tokens=len(spec.prompt_ids),
-        error="run deadline passed",
+        error=reason,
     )
+
+
+class FrozenServerWatch:
+    """After a request times out, one `/health` probe: a server that answers neither is frozen
+    (stopped, swapped out, deadlocked), and the requests not yet sent are not sent. Otherwise a
+    frozen server costs a whole request timeout per request before the run can say so."""
+
+    def __init__(self, session: Any, base_url: str) -> None:
+        self.session = session
+        self.base_url = base_url
+        self.frozen = False
+
+    async def after(self, result: RequestResult) -> None:
+        if result.status == "timeout" and not self.frozen:
+            self.frozen = not await self._healthy()
+
+    async def _healthy(self) -> bool:
+        import aiohttp
+
+        try:
+            async with asyncio.timeout(HEALTH_TIMEOUT_S):
+                async with self.session.get(f"{self.base_url}/health") as response:
+                    return response.status == 200
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return False
+
+    def reason_not_to_send(self, t0: float, deadline_s: float) -> str | None:
+        if self.frozen:
+            return FROZEN
+        if time.perf_counter() - t0 > deadline_s:
+            return DEADLINE_PASSED
+        return None
 
 
 @dataclass
@@ -168,16 +205,19 @@ async def run_burst(
     semaphore = asyncio.Semaphore(concurrency)
     bar = _progress(len(specs), desc, progress)
     session = await _session(concurrency)
+    watch = FrozenServerWatch(session, base_url)
     try:
 
         async def send(spec: RequestSpec) -> None:
             async with semaphore:
-                if time.perf_counter() - t0 > deadline_s:
-                    results[spec.request_id] = _not_sent(spec)
+                reason = watch.reason_not_to_send(t0, deadline_s)
+                if reason is not None:
+                    results[spec.request_id] = _not_sent(spec, reason)
                 else:
                     results[spec.request_id] = await stream_completion(
                         session, base_url, model, spec, timeout_s=timeout_s, t0=t0
                     )
+                    await watch.after(results[spec.request_id])
             bar.update(1)
 
         for spec in (s for s in specs if s.warmup):
@@ -211,19 +251,21 @@ async def run_closed_loop(
     results: list[RequestResult] = []
     bar = _progress(sum(len(c) for c in conversations), desc, progress)
     session = await _session(concurrency)
+    watch = FrozenServerWatch(session, base_url)
 
     async def client() -> None:
         while queue:
             conversation = queue.popleft()
             for spec in conversation:
-                if time.perf_counter() - t0 > deadline_s:
-                    results.append(_not_sent(spec))
+                reason = watch.reason_not_to_send(t0, deadline_s)
+                if reason is not None:
+                    results.append(_not_sent(spec, reason))
                 else:
-                    results.append(
-                        await stream_completion(
-                            session, base_url, model, spec, timeout_s=timeout_s, t0=t0
-                        )
+                    result = await stream_completion(
+                        session, base_url, model, spec, timeout_s=timeout_s, t0=t0
                     )
+                    results.append(result)
+                    await watch.after(result)
                 bar.update(1)
 
     try:
