@@ -334,3 +334,35 @@ def test_a_sweep_into_an_unwritable_results_folder_stops_before_computing(
     grid = write_grid(tmp_path / "grid.toml", str(trace), "[600]")
     err = one_line_error(capsys, cli.main(["sweep", "--grid", str(grid)]))
     assert f"cannot write to {root / 'data' / 'results'}: a file is in the way" in err
+
+
+@pytest.mark.engine
+def test_a_failing_sweep_point_is_one_line_and_leaves_no_notebook_taken_as_done(
+    capsys, monkeypatch, tmp_path
+):
+    """Row 5.12: a 56-line papermill traceback, and the failed notebook left as make's target."""
+    bad = write_trace(tmp_path / "empty.parquet", [list(range(1, 40)), []])
+    grid = tmp_path / "bad.toml"
+    grid.write_text(
+        f"""
+[base]
+max_model_len = 2048
+
+[[series]]
+name = "bad"
+traces = ["{bad}"]
+engines = ["replay"]
+block_sizes = [16]
+num_blocks = [300]
+"""
+    )
+    monkeypatch.setenv("PREFIX_CACHE_LAB_ROOT", str(tmp_path))  # reports/ and data/ go there
+    monkeypatch.setattr("analysis.report.notebooks.notebooks_dir", lambda: runner_notebooks())
+    code = cli.main(["sweep", "--grid", str(grid), "--point", "bad-empty-replay-b16-n300"])
+    err = one_line_error(capsys, code)
+    assert "point bad-empty-replay-b16-n300 failed: TraceError" in err and "empty prompt" in err
+    assert not list((tmp_path / "reports" / "runs" / "bad").glob("[!.]*.ipynb"))  # no target
+
+
+def runner_notebooks() -> Path:
+    return Path(__file__).resolve().parents[1] / "notebooks"

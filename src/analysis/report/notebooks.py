@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from analysis.platform.errors import ResultError
 from analysis.platform.paths import figures_dir, repo_root, reports_dir
 
 if TYPE_CHECKING:
@@ -122,8 +123,16 @@ def run_point_notebook(point: Point, grid: str | Path, *, force: bool = False) -
     whole notebook ran (papermill writes as it goes: a failed or killed point leaves no copy
     that `make sweep` would take as done)."""
     output = reports_dir() / "runs" / Path(grid).stem / f"{point.point_id}.ipynb"
-    partial = output.with_name(f".{output.name}.partial")
+    partial = output.with_name(f".{output.stem}.partial.ipynb")
     parameters = point.config.to_dict() | {"force": force}
-    execute(notebooks_dir() / RUN_CONFIG_NOTEBOOK, partial, parameters, progress=False)
+    try:
+        execute(notebooks_dir() / RUN_CONFIG_NOTEBOOK, partial, parameters, progress=False)
+    except Exception as exc:  # papermill's PapermillExecutionError: the kernel's own error
+        if not hasattr(exc, "ename"):
+            raise
+        raise ResultError(
+            f"point {point.point_id} failed: {exc.ename}: {exc.evalue} (notebook 03, cell "
+            f"{exc.exec_count}; the executed copy is {partial})"
+        ) from None
     os.replace(partial, output)
     return output
