@@ -164,6 +164,18 @@ def test_a_results_dir_that_is_a_file_is_refused_before_computing(
     assert f"cannot write to {in_the_way}: a file is in the way" in err
 
 
+def test_a_traces_out_that_is_a_file_is_refused_before_building(capsys, tmp_path):
+    """Rows 8.3, 8.4 for `traces`: a FileExistsError traceback (and a half-written set)."""
+    sharegpt = tmp_path / "sharegpt.json"
+    turns = [{"from": "human", "value": "hello there"}, {"from": "gpt", "value": "hi"}]
+    sharegpt.write_text(json.dumps([{"id": "a", "conversations": turns}]))
+    in_the_way = tmp_path / "out"
+    in_the_way.write_text("not a folder")
+    argv = ["traces", "--source", "file", "--path", str(sharegpt), "--out", str(in_the_way)]
+    err = one_line_error(capsys, cli.main(argv))
+    assert f"cannot write to {in_the_way}: a file is in the way" in err
+
+
 @pytest.mark.parametrize(
     ("code", "reason"),
     [(errno.EROFS, "read-only"), (errno.ENOSPC, "disk is full")],
