@@ -325,11 +325,14 @@ class FakeCompletions:
         return response
 
 
-async def _serve(app_handler, coroutine_factory):
+async def _serve(app_handler, coroutine_factory, *, health: bool = False):
+    """A stand-in server for `coroutine_factory(url)`; `health`: it also answers /health."""
     from aiohttp import web
 
     app = web.Application()
     app.router.add_post("/v1/completions", app_handler)
+    if health:
+        app.router.add_get("/health", lambda request: web.Response(text="ok"))
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -457,24 +460,12 @@ def test_a_frozen_server_costs_one_timeout_not_one_per_request(monkeypatch):
 
 
 def test_a_slow_server_that_answers_health_keeps_its_requests():
-    from aiohttp import web
-
-    async def serve(url_to_run):
-        app = web.Application()
-        app.router.add_post("/v1/completions", FakeCompletions(stall=True).handle)
-        app.router.add_get("/health", lambda request: web.Response(text="ok"))
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        try:
-            return await url_to_run(f"http://127.0.0.1:{port}")
-        finally:
-            await runner.cleanup()
-
     results, _ = asyncio.run(
-        serve(lambda url: loadgen.run_burst(url, "m", _specs(3), 1, timeout_s=0.3, progress=False))
+        _serve(
+            FakeCompletions(stall=True).handle,
+            lambda url: loadgen.run_burst(url, "m", _specs(3), 1, timeout_s=0.3, progress=False),
+            health=True,
+        )
     )
     assert [r.status for r in results] == ["timeout"] * 3
 
