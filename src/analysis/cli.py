@@ -14,6 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("run", "replay a trace through vLLM under one configuration"),
     "sweep": ("sweep", "run every point of a sweep grid (configs/*.toml)"),
     "bounds": ("bounds", "ideal, LRU and optimal hit rates of a trace, without an engine"),
+    "plan": ("plan", "KV memory (blocks, GiB, GPUs) a trace needs for a target hit rate"),
     "serve-bench": ("serve_bench", "TTFT and throughput against a real vLLM server"),
     "gpu-check": ("gpu_check", "prove a GPU machine: real engine vs replay, then GPU timing"),
     "report": ("report", "re-execute the notebooks with papermill and build the HTML report"),

@@ -245,3 +245,24 @@ def check_sweep_points(
                 ideal,
                 int(roomiest["first_prefill_hits"]),
             )
+
+
+# ----------------------------------------------------------------------------- memory oracles
+VALUE_DTYPES = {1: "float8_e4m3fn", 2: "bfloat16", 4: "float32"}  # bytes -> a torch dtype
+
+
+def vllm_bytes_per_block(
+    num_layers: int, kv_heads_per_gpu: int, head_size: int, value_bytes: int, block_size: int
+) -> int:
+    """One block's bytes on one GPU as vLLM counts them: one `FullAttentionSpec` per decoder
+    layer, their `page_size_bytes` summed (`_get_kv_cache_bytes_per_block`)."""
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    spec = FullAttentionSpec(
+        block_size=block_size,
+        num_kv_heads=kv_heads_per_gpu,
+        head_size=head_size,
+        dtype=getattr(torch, VALUE_DTYPES[value_bytes]),
+    )
+    return num_layers * spec.page_size_bytes

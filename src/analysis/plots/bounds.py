@@ -8,6 +8,7 @@ prompt tokens.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -315,8 +316,8 @@ def bounds_summary(index, block_size: int, share: float = 0.9) -> dict[str, floa
     from analysis.metrics import bounds
 
     ideal = bounds.ideal_bound(index, block_size)
-    distance = bounds.reuse_distances(index, block_size)["distinct_blocks_since"].to_numpy()
-    needed = int(np.quantile(distance, share, method="inverted_cdf")) + 1 if distance.size else 0
+    wanted = math.ceil(round(share * (ideal.hit_tokens // block_size), 9))
+    needed = bounds.lru_capacity_for(index, block_size, wanted) or 0
     return {
         "requests": ideal.requests,
         "prompt_tokens": ideal.prompt_tokens,

@@ -41,6 +41,7 @@ from __future__ import annotations
 from analysis.metrics.bounds.capacity import (
     capacity_curves,
     default_capacities,
+    lru_capacity_for,
     lru_hit_blocks,
     lru_request_hits,
     opt_request_hits,
@@ -51,11 +52,13 @@ from analysis.metrics.bounds.ideal import (
     ideal_hit_blocks,
     ideal_hit_rate,
     ideal_hits_by_position,
+    ideal_hits_by_turn,
     reuse_distances,
     token_vs_block_reuse,
     total_ideal_hits_from_keys,
 )
 from analysis.metrics.bounds.keys import BlockKeys, TraceIndex, block_keys, index_trace
+from analysis.metrics.bounds.order import admission_order, in_engine_order
 from analysis.metrics.bounds.simulation import simulate_vllm
 from analysis.platform.errors import BoundsError
 
@@ -64,14 +67,18 @@ __all__ = [
     "BlockKeys",
     "BoundsError",
     "TraceIndex",
+    "admission_order",
     "block_keys",
     "capacity_curves",
     "default_capacities",
     "ideal_bound",
     "ideal_hit_blocks",
     "ideal_hit_rate",
+    "in_engine_order",
     "ideal_hits_by_position",
+    "ideal_hits_by_turn",
     "index_trace",
+    "lru_capacity_for",
     "lru_hit_blocks",
     "lru_request_hits",
     "opt_request_hits",

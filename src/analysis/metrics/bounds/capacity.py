@@ -89,6 +89,21 @@ def lru_hit_blocks(index: TraceIndex, block_size: int, capacities: Sequence[int]
     return np.searchsorted(warm, np.asarray(capacities, np.int64), side="left")
 
 
+def lru_capacity_for(index: TraceIndex, block_size: int, hit_blocks: int) -> int | None:
+    """The smallest LRU capacity (blocks) that hits `hit_blocks` blocks; None beyond the ideal.
+
+    A block is hit under LRU with C blocks iff its stack distance is below C, so the capacity
+    that keeps k hits is the k-th smallest distance plus one: exact, from the one pass.
+    """
+    distance, _ = index.lru_distances(block_size)
+    warm = np.sort(distance[distance >= 0])
+    if hit_blocks <= 0:
+        return 0
+    if hit_blocks > warm.shape[0]:
+        return None
+    return int(warm[hit_blocks - 1]) + 1
+
+
 def lru_request_hits(index: TraceIndex, block_size: int, capacity: int) -> np.ndarray:
     """Blocks each request hits under LRU with `capacity` blocks."""
     keys = index.block_keys(block_size)

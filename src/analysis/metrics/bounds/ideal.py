@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.metrics.bounds.keys import BlockKeys, TraceIndex, _as_index
+from analysis.platform.errors import BoundsError
 
 DEFAULT_REUSE_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
 
@@ -79,6 +80,31 @@ def ideal_hit_rate(
     admissions: a rate over nothing is undefined, and 0.0 would read as "no reuse".
     """
     return ideal_bound(trace, block_size, include_outputs=include_outputs).hit_rate
+
+
+def ideal_hits_by_turn(index: TraceIndex, block_size: int, last_turn: int = 8) -> pd.DataFrame:
+    """The infinite-cache hit rate per turn (0 = a conversation's first), later turns pooled
+    from `last_turn` on: where a trace's reuse comes from. Needs a trace with turns (a token
+    trace, or a block-hash trace whose `parent_chat_id` links them)."""
+    if index.turn_index is None:
+        raise BoundsError("the trace has no turns (no turn_index, no parent_chat_id links)")
+    hits = ideal_hit_blocks(index, block_size) * block_size
+    frame = pd.DataFrame(
+        {
+            "turn": np.minimum(index.turn_index, last_turn),
+            "prompt_tokens": index.prompt_tokens,
+            "hit_tokens": hits,
+        }
+    )
+    table = frame.groupby("turn").agg(
+        requests=("hit_tokens", "size"),
+        prompt_tokens=("prompt_tokens", "sum"),
+        hit_tokens=("hit_tokens", "sum"),
+    )
+    table["hit_rate"] = table["hit_tokens"] / table["prompt_tokens"]
+    table = table.reset_index()
+    table["turn"] = table["turn"].map(lambda t: f"{t}+" if t == last_turn else str(t))
+    return table
 
 
 def token_vs_block_reuse(

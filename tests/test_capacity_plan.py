@@ -1,0 +1,312 @@
+"""Capacity planning: bounds in the engine's order, the target search, the Alibaba-format
+round trip, `cached_tokens` in the API's terms, and `python -m analysis plan` end to end.
+
+The engine tests run vLLM's own scheduler (`replay`) on real ShareGPT conversations (the
+packaged copy, the real tokenizer), in a root of their own so that results stay apart.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.data.blockhash import load_blockhash_trace
+from analysis.data.blockhash_export import to_blockhash_records, write_blockhash_trace
+from analysis.metrics import bounds
+from analysis.metrics.cached_tokens import (
+    cached_share_cdf,
+    cached_tokens_table,
+    compare_with_server,
+    per_turn,
+)
+from analysis.platform.errors import BoundsError
+
+BLOCK = 16
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    """A project root of the module's own, holding a 30-conversation ShareGPT trace pair."""
+    from analysis.data.sharegpt import load_conversations
+    from analysis.data.traces import TraceOptions, build_traces, write_trace
+
+    folder = tmp_path_factory.mktemp("plan-root")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PREFIX_CACHE_LAB_ROOT", str(folder))
+        conversations, _ = load_conversations(
+            source="package", max_conversations=30, progress=False
+        )
+        traces = build_traces(
+            conversations, TraceOptions(max_model_len=2048, max_conversations=30), progress=False
+        )
+        write_trace(folder / "multi.parquet", traces.multi)
+        write_trace(folder / "single.parquet", traces.single)
+        yield folder
+
+
+@pytest.fixture
+def in_root(root, monkeypatch):
+    monkeypatch.setenv("PREFIX_CACHE_LAB_ROOT", str(root))
+    return root
+
+
+def settings(**changes):
+    from analysis.sweeps.capacity_plan import PlanSettings
+
+    return PlanSettings(**({"concurrency": 8, "max_model_len": 2048, "points": 5} | changes))
+
+
+# --------------------------------------------------------------------------- engine order
+def test_admission_order_refuses_admissions_of_another_trace():
+    admissions = pd.DataFrame({"request_index": [0, 5], "kind": ["first", "first"]})
+    with pytest.raises(BoundsError, match="the trace has 3 requests"):
+        bounds.admission_order(admissions, 3)
+    twice = pd.DataFrame({"request_index": [0, 0], "kind": ["first", "first"]})
+    with pytest.raises(BoundsError, match="two first admissions"):
+        bounds.admission_order(twice, 3)
+
+
+def test_readmissions_do_not_move_a_request():
+    admissions = pd.DataFrame(
+        {"request_index": [1, 0, 1, 2], "kind": ["first", "first", "readmission", "first"]}
+    )
+    assert bounds.admission_order(admissions, 3).tolist() == [1, 0, 2]
+
+
+@pytest.mark.engine
+def test_engine_order_is_the_schedulers_interleaving(in_root):
+    from analysis.sweeps import capacity_plan
+
+    trace = capacity_plan.plan_trace(in_root / "multi.parquet")
+    alone = capacity_plan.replay_point(trace, settings(concurrency=1), 100_000)
+    eight = capacity_plan.replay_point(trace, settings(concurrency=8), 100_000)
+    one_by_one = bounds.admission_order(alone.admissions, len(trace.bounds_frame))
+    assert one_by_one.tolist() == list(range(len(trace.bounds_frame)))  # one client: trace order
+    ordered = bounds.in_engine_order(trace.bounds_frame, eight.admissions)
+    assert ordered["request_id"].tolist() != trace.bounds_frame["request_id"].tolist()
+    for _, turns in ordered.groupby("conversation_id", sort=False):
+        assert turns["turn_index"].tolist() == sorted(turns["turn_index"])  # causality kept
+    # interleaving lengthens reuse distances: a small LRU cache keeps less in engine order
+    index_engine = bounds.index_trace(ordered, include_outputs=True)
+    index_trace = bounds.index_trace(trace.bounds_frame, include_outputs=True)
+    small = [64]
+    assert (
+        bounds.lru_hit_blocks(index_engine, BLOCK, small)[0]
+        < bounds.lru_hit_blocks(index_trace, BLOCK, small)[0]
+    )
+
+
+# --------------------------------------------------------------------------- LRU for a target
+def test_lru_capacity_for_is_the_smallest_capacity_that_reaches_the_hits():
+    from analysis.engines.synthetic import synthetic_trace
+
+    index = bounds.index_trace(synthetic_trace(12, turns=(2, 5), seed=3), include_outputs=True)
+    ideal = int(bounds.ideal_hit_blocks(index, BLOCK).sum())
+    capacities = np.arange(0, 400)
+    hits = bounds.lru_hit_blocks(index, BLOCK, capacities)
+    assert hits[-1] == ideal  # every reuse fits: LRU reaches the ideal
+    for wanted in (0, 1, ideal // 3, ideal // 2, ideal - 1, ideal):
+        expected = int(capacities[np.argmax(hits >= wanted)])
+        assert bounds.lru_capacity_for(index, BLOCK, wanted) == expected
+    assert bounds.lru_capacity_for(index, BLOCK, ideal + 1) is None
+
+
+# --------------------------------------------------------------------------- the plan
+@pytest.fixture(scope="module")
+def multi_plan(root):
+    from analysis.sweeps import capacity_plan
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PREFIX_CACHE_LAB_ROOT", str(root))
+        trace = capacity_plan.plan_trace(root / "multi.parquet")
+        yield capacity_plan.build_plan(trace, settings(refine=3))
+
+
+@pytest.mark.engine
+def test_bounds_in_engine_order_frame_the_engine(multi_plan, in_root):
+    curves = multi_plan.curves[multi_plan.curves["order"] == "engine"]
+    table = curves.pivot_table(index="capacity", columns="policy", values="hit_blocks")
+    ideal_blocks = multi_plan.ideal_hit_blocks()
+    assert (table["lru"] <= table["opt"]).all()
+    assert (table["opt"] <= ideal_blocks).all()
+    points = multi_plan.points.sort_values("num_blocks")
+    assert points["first_prefill"].max() <= multi_plan.ideal["engine"] + 1e-12
+    assert points["first_prefill"].iloc[0] < points["first_prefill"].iloc[-1]  # memory mattered
+
+
+@pytest.mark.engine
+def test_the_engine_search_brackets_the_target(multi_plan, in_root):
+    from analysis.sweeps.capacity_target import search_engine_blocks
+
+    grid = multi_plan.points.copy()
+    rate = 0.97 * multi_plan.ideal["engine"]
+    found = search_engine_blocks(multi_plan, rate)
+    assert found.reached and found.rate >= rate
+    measured = multi_plan.points.set_index("num_blocks")["first_prefill"]
+    assert measured.loc[found.num_blocks] == found.rate
+    if found.below is not None:
+        assert measured.loc[found.below] < rate
+        grid_above = grid[grid["first_prefill"] >= rate]["num_blocks"].min()
+        assert found.num_blocks <= grid_above
+    assert (multi_plan.points["found_by"] == "search").sum() <= multi_plan.settings.refine
+    unreachable = search_engine_blocks(multi_plan, 1.01)
+    assert not unreachable.reached and unreachable.num_blocks is None
+
+
+# --------------------------------------------------------------------------- Alibaba format
+def _two_turn_file(path):
+    lines = [
+        {"chat_id": 7, "parent_chat_id": -1, "timestamp": 0.0, "input_length": 50,
+         "output_length": 5, "type": "text", "turn": 1, "hash_ids": [1, 2, 3, 4]},
+        {"chat_id": 8, "parent_chat_id": -1, "timestamp": 0.5, "input_length": 40,
+         "output_length": 5, "type": "text", "turn": 1, "hash_ids": [1, 9, 10]},
+        {"chat_id": 9, "parent_chat_id": 7, "timestamp": 1.0, "input_length": 90,
+         "output_length": 5, "type": "text", "turn": 2, "hash_ids": [1, 2, 3, 4, 5, 6]},
+    ]  # fmt: skip
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def test_parent_links_give_reuse_per_turn(tmp_path):
+    frame, report = load_blockhash_trace(_two_turn_file(tmp_path / "t.jsonl"), BLOCK)
+    assert report.orphan_turns == 0
+    table = bounds.ideal_hits_by_turn(bounds.index_trace(frame), BLOCK)
+    first, second = table.iloc[0], table.iloc[1]
+    # first turns: chat 8 shares block 1 with chat 7; second turn: 3 full blocks of chat 7's 3
+    assert (first["turn"], first["requests"], first["hit_tokens"]) == ("0", 2, 16)
+    assert (second["turn"], second["requests"], second["hit_tokens"]) == ("1", 1, 48)
+    assert second["hit_rate"] == pytest.approx(48 / 90)
+
+
+def test_a_trace_without_turns_has_no_reuse_per_turn():
+    index = bounds.index_trace([[1] * 40, [1] * 40])
+    with pytest.raises(BoundsError, match="no turns"):
+        bounds.ideal_hits_by_turn(index, BLOCK)
+
+
+@pytest.mark.engine
+def test_sharegpt_written_in_the_alibaba_format_keeps_its_bounds(root, tmp_path):
+    """The block-hash path and the token path agree on the same requests (prompts only)."""
+    trace = pd.read_parquet(root / "multi.parquet")
+    path = write_blockhash_trace(trace, tmp_path / "sharegpt_blksz_16.jsonl")
+    frame, report = load_blockhash_trace(path, BLOCK)
+    assert report.records == len(trace) and report.malformed == 0 and not report.reordered
+    assert frame["turn_index"].tolist() == trace["turn_index"].tolist()  # parent links
+    conversations = pd.factorize(frame["conversation_id"])[0]
+    assert conversations.tolist() == pd.factorize(trace["conversation_id"])[0].tolist()
+    tokens = bounds.index_trace(trace, include_outputs=False)
+    hashes = bounds.index_trace(frame)
+    ideal = bounds.ideal_bound(tokens, BLOCK).hit_tokens
+    assert ideal > 0 and bounds.ideal_bound(hashes, BLOCK).hit_tokens == ideal
+    capacities = [1, 10, 100, 1000]
+    assert (
+        bounds.lru_hit_blocks(hashes, BLOCK, capacities).tolist()
+        == bounds.lru_hit_blocks(tokens, BLOCK, capacities).tolist()
+    )
+
+
+def test_the_export_chains_ids_like_vllm():
+    trace = pd.DataFrame(
+        {
+            "conversation_id": ["a", "b"],
+            "turn_index": [0, 0],
+            "prompt_ids": [list(range(40)), [0] * 16 + list(range(16, 40))],
+            "response_ids": [[1], [1]],
+        }
+    )
+    first, second = to_blockhash_records(trace)
+    assert first["hash_ids"][1] != second["hash_ids"][1]  # equal block, different prefix
+    assert len(first["hash_ids"]) == 3  # ceil(40 / 16), as the published traces give
+
+
+# --------------------------------------------------------------------------- cached_tokens
+def test_cached_tokens_are_the_first_admissions_hits():
+    requests = pd.DataFrame(
+        {
+            "request_id": ["a", "b", "c"],
+            "conversation_id": ["x", "x", "y"],
+            "turn_index": [0, 1, 0],
+            "prompt_tokens": [100, 200, 50],
+            "cached_tokens": [0, 96, -1],  # c never admitted (skipped)
+        }
+    )
+    table = cached_tokens_table(requests)
+    assert table["request_id"].tolist() == ["a", "b"]
+    assert table["cached_share"].tolist() == [0.0, 0.48]
+    cdf = cached_share_cdf(table, by="turn_index")
+    assert cdf["requests_at_or_below"].tolist() == [1.0, 1.0]
+    turns = per_turn(table, last_turn=1)
+    assert turns["turn"].tolist() == ["0", "1+"]
+    served = pd.DataFrame({"request_id": ["b", "z"], "cached_tokens": [80, 0]})
+    compared = compare_with_server(table, served).set_index("request_id")
+    assert compared.loc["b", "difference"] == -16
+    assert compared.loc["a", "where"] == "expected only"
+    assert compared.loc["z", "where"] == "served only"
+
+
+@pytest.mark.engine
+def test_cached_tokens_sum_to_the_exported_hits(multi_plan, in_root):
+    from analysis.metrics.hitrates import first_prefill
+
+    result = multi_plan.spare_run
+    table = cached_tokens_table(result.requests)
+    assert table["cached_tokens"].sum() == first_prefill(result.admissions).hits
+
+
+# --------------------------------------------------------------------------- the command
+def _plan(*args):
+    from analysis.cli import main
+
+    return main(["plan", "--max-model-len", "2048", "--points", "4", "--refine", "2", *args])
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("model", ["llama-3.2-1b", "llama-3.1-8b"])
+@pytest.mark.parametrize("trace", ["multi.parquet", "single.parquet", "alibaba.jsonl"])
+def test_plan_answers_a_target(in_root, capsys, model, trace):
+    path = in_root / trace
+    block_size = []
+    if trace.endswith(".jsonl"):
+        if not path.exists():
+            write_blockhash_trace(pd.read_parquet(in_root / "multi.parquet"), path)
+        block_size = ["--block-size", "16"]
+    code = _plan("--trace", str(path), *block_size, "--model", model, "--target", "0.8", "--json")
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    answer = out["answer"]
+    assert answer["model"] == model
+    assert answer["target_rate"] == pytest.approx(0.8 * out["ideal"]["engine"])
+    if answer["engine"]["reached"]:
+        assert answer["engine"]["rate"] >= answer["target_rate"]
+        assert answer["engine_bytes"] == answer["engine"]["num_blocks"] * answer["bytes_per_block"]
+        assert answer["tensor_parallel"] == 1  # a few thousand blocks fit on one 80 GB GPU
+
+
+@pytest.mark.engine
+def test_plan_writes_its_tables(in_root, tmp_path, capsys):
+    out = tmp_path / "plan"
+    assert _plan("--trace", str(in_root / "multi.parquet"), "--out", str(out)) == 0
+    text = capsys.readouterr().out
+    assert "the engine reaches it at num_blocks" in text
+    answer = json.loads((out / "answer.json").read_text())
+    cached = pd.read_parquet(out / "cached_tokens.parquet")
+    assert set(cached["num_blocks"]) == {answer["answer"]["engine"]["num_blocks"]}
+    assert (out / "cached_tokens.csv").is_file() and (out / "curves.parquet").is_file()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--trace", "x.jsonl"], "give its block size"),
+        (["--target", "1.5"], "not a share of the ideal"),
+        (["--concurrency", "0"], "--concurrency must be at least 1"),
+    ],
+)
+def test_bad_plan_settings_are_one_line_errors(in_root, capsys, args, message):
+    (in_root / "x.jsonl").write_text("")
+    assert _plan("--trace", str(in_root / "multi.parquet"), *args) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
