@@ -1,0 +1,154 @@
+"""Any chat template, rendered as vLLM's server renders it: the Llama path equals the fast
+builder, ChatML keeps prefixes, a template that drops reasoning or counts turns breaks them,
+a tokenizer-only break is told apart, and a model folder's own template and tokenizer work
+(a tokenizer trained here, offline)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from analysis.data.sharegpt.conversations import Conversation, Message
+from analysis.data.template_render import (
+    Renderer,
+    Template,
+    render_conversation,
+    template_from_folder,
+    templates,
+)
+from analysis.data.traces.templated import templated_traces
+from analysis.platform.errors import TraceError
+
+
+@pytest.fixture(scope="module")
+def conversations():
+    from analysis.data.sharegpt import load_conversations
+
+    loaded, _ = load_conversations(source="package", max_conversations=30, progress=False)
+    return loaded
+
+
+def test_the_llama_template_rendered_turn_by_turn_equals_the_fast_builder(conversations):
+    from analysis.data.traces import TraceOptions, build_traces
+
+    built = build_traces(conversations, TraceOptions(max_conversations=30), progress=False)
+    rendered = templated_traces(conversations, templates()["llama3.2"])
+    assert len(rendered.multi) == len(built.multi)
+    for column in ("prompt_ids", "response_ids"):
+        for ours, theirs in zip(rendered.multi[column], built.multi[column], strict=True):
+            assert np.array_equal(ours, theirs)
+    assert set(rendered.turns["break_kind"]) == {"none"}
+
+
+@pytest.mark.parametrize("name", ["llama3", "llama3.2", "chatml"])
+def test_templates_that_re_render_history_keep_every_prefix(conversations, name):
+    turns = templated_traces(conversations, templates()[name]).turns
+    assert len(turns) > 20
+    assert (turns["break_kind"] == "none").all()
+    assert (turns["lost_tokens"] == 0).all()
+
+
+def test_dropping_earlier_reasoning_breaks_where_the_reply_began(conversations):
+    traces = templated_traces(conversations, templates()["chatml-reasoning"])
+    turns = traces.turns.merge(
+        traces.multi[["conversation_id", "turn_index", "prompt_tokens"]],
+        on=["conversation_id", "turn_index"],
+    )
+    assert (turns["break_kind"] == "template").all()
+    assert (turns["extends"] == turns["prompt_tokens"]).all()  # the reply's first token differs
+
+
+def test_a_turn_counter_in_the_preamble_breaks_near_the_start():
+    counter = Template(
+        "counter",
+        "{{ 'Turn ' + (messages | length) | string + '<|eot_id|>' }}"
+        "{% for m in messages %}{{ m.role + ': ' + m.content + '<|eot_id|>' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}",
+        "a test template",
+        "<|eot_id|>",
+    )
+    turns = render_conversation(Renderer(counter), None, [("hi there", "hello"), ("more", "ok")])
+    assert turns[0].break_kind == "template"
+    assert turns[0].next_extends == 2  # "Turn" and the space are shared, the count is not
+    assert turns[1].next_extends is None  # the last turn has no next prompt
+
+
+def test_a_break_of_the_tokens_alone_is_told_from_the_templates():
+    glued = Template(  # the reply is glued to the role name: its first letters merge with it
+        "glued",
+        "{% for m in messages %}{{ m.role + m.content + '<|eot_id|>' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ 'assistant' }}{% endif %}",
+        "a test template",
+        "<|eot_id|>",
+    )
+    renderer = Renderer(glued)
+    turns = render_conversation(renderer, None, [("hi", "s are great"), ("again", "ok")])
+    assert renderer.ids("assistants") != renderer.ids("assistant") + renderer.ids("s")
+    assert turns[0].break_kind == "tokenizer"
+    assert turns[0].next_extends == len(turns[0].prompt_ids) - 1  # "assistant" itself is lost
+
+
+def test_a_failing_template_is_one_line():
+    broken = Template("broken", "{{ raise_exception('no system role') }}", "test", "<|eot_id|>")
+    with pytest.raises(TraceError, match="failed to render: no system role"):
+        Renderer(broken).text([{"role": "user", "content": "hi"}])
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory, conversations):
+    """A model folder of its own: a BPE tokenizer trained here on ShareGPT text, with ChatML's
+    markup as special tokens, and Qwen2.5's template in its tokenizer_config.json."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    folder = tmp_path_factory.mktemp("chatml-model")
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=2000,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(
+        (m.text for c in conversations for m in c.messages), trainer=trainer
+    )
+    tokenizer.save(str(folder / "tokenizer.json"))
+    config = {
+        "chat_template": templates()["chatml"].jinja,
+        "eos_token": {"content": "<|im_end|>"},
+        "bos_token": None,
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_model_folders_own_template_and_tokenizer(model_folder, conversations):
+    template = template_from_folder(model_folder)
+    assert template.end_of_turn == "<|im_end|>"
+    traces = templated_traces(conversations[:10], template, str(model_folder))
+    assert (traces.turns["break_kind"] == "none").all()
+    first = traces.multi["prompt_ids"].iloc[0]
+    assert int(first[0]) == 1  # <|im_start|>, the trained tokenizer's own id
+    assert max(int(ids.max()) for ids in traces.multi["prompt_ids"]) < 2000
+
+
+def test_a_folder_without_a_template_is_refused(tmp_path):
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    with pytest.raises(TraceError, match="has no chat_template"):
+        template_from_folder(tmp_path)
+
+
+def test_a_prompt_too_long_ends_its_conversation_counted():
+    chat = Conversation(
+        "c",
+        (
+            Message("user", "word " * 50),
+            Message("assistant", "ok"),
+            Message("user", "word " * 500),
+            Message("assistant", "ok"),
+        ),
+        None,
+    )
+    traces = templated_traces([chat], templates()["llama3"], max_model_len=200)
+    assert len(traces.multi) == 1 and traces.too_long == 1
