@@ -152,3 +152,41 @@ def test_a_prompt_too_long_ends_its_conversation_counted():
     )
     traces = templated_traces([chat], templates()["llama3"], max_model_len=200)
     assert len(traces.multi) == 1 and traces.too_long == 1
+
+
+def test_traces_from_a_request_log_through_a_model_folder(model_folder, tmp_path, monkeypatch):
+    """`traces --source openai-jsonl --path LOG --model FOLDER` builds both traces, every turn
+    rendered with the folder's own template and tokenizer."""
+    from analysis.cli import main
+    from analysis.data.traces import load_trace
+
+    monkeypatch.setenv("PREFIX_CACHE_LAB_ROOT", str(tmp_path))
+    first = [{"role": "user", "content": "How do I sort a list in Python?"}]
+    second = [
+        *first,
+        {"role": "assistant", "content": "Use sorted(items) or items.sort()."},
+        {"role": "user", "content": "And in reverse order?"},
+    ]
+    other = [{"role": "user", "content": "Name three prime numbers."}]
+    log = tmp_path / "log.jsonl"
+    lines = [{"messages": first}, {"messages": other}, {"messages": second}]
+    log.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = tmp_path / "traces"
+    argv = ["traces", "--source", "openai-jsonl", "--path", str(log), "--model",
+            str(model_folder), "--out", str(out), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+    multi, single = load_trace(out / "multi_turn.parquet"), load_trace(out / "single_turn.parquet")
+    assert multi["turn_index"].tolist() == [0, 1, 0] and len(single) == 2
+    renderer = Renderer(template_from_folder(model_folder), str(model_folder))
+    expected = renderer.ids(renderer.text(second))
+    assert multi["prompt_ids"].iloc[1].tolist() == expected
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["template"]["source"].endswith("tokenizer_config.json")
+    assert manifest["counts"]["prefix_breaks"] == {"none": 1}
+
+
+def test_a_model_folder_without_its_config_is_one_line(tmp_path, capsys):
+    from analysis.cli import main
+
+    assert main(["traces", "--model", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    assert "no tokenizer_config.json there" in capsys.readouterr().err

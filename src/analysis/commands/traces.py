@@ -1,4 +1,5 @@
-"""`python -m analysis traces`: build the multi- and single-turn traces under data/traces/.
+"""`python -m analysis traces`: build the multi- and single-turn traces under data/traces/, from
+ShareGPT or from an OpenAI chat-completions request log (`--source openai-jsonl --path LOG`).
 
 A build whose manifest records the same request (data file, parameters, tokenizer, template),
 with files that are the ones it describes, is not redone unless --force is given. Both traces and
@@ -16,11 +17,15 @@ from pathlib import Path
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--source",
-        choices=("package", "hub", "file"),
+        choices=("package", "hub", "file", "openai-jsonl"),
         default="package",
-        help="ShareGPT source: the offline package (default), the hub, or a local file (--path)",
+        help="ShareGPT: the offline package (default), the hub, or a local file (--path); "
+        "openai-jsonl: an OpenAI chat-completions request log (--path), one request a line, "
+        "rebuilt into conversations (analysis.data.chatlogs)",
     )
-    parser.add_argument("--path", help="the ShareGPT JSON/JSONL file for --source file")
+    parser.add_argument(
+        "--path", help="the ShareGPT JSON/JSONL file (--source file) or request log (openai-jsonl)"
+    )
     parser.add_argument(
         "--max-conversations", type=int, help="the first N conversations only (default: all)"
     )
@@ -56,6 +61,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="chat template: Llama 3.1/3.2 Instruct's (default, system block with a date) or 3.0's",
     )
     parser.add_argument(
+        "--model",
+        type=Path,
+        help="a model folder (tokenizer.json and tokenizer_config.json): its own tokenizer and "
+        "chat template render every turn, as vLLM's chat endpoint would (instead of --tokenizer "
+        "and --template; slower, and prefix breaks are counted)",
+    )
+    parser.add_argument(
         "--template-date",
         default="26 Jul 2024",
         help="the date Llama 3.2's system block states (default: the template's own fallback)",
@@ -72,6 +84,15 @@ def main(args: argparse.Namespace) -> int:
     from analysis.platform.errors import UsageError
     from analysis.platform.paths import traces_dir
 
+    if args.model is not None:
+        if not (args.model / "tokenizer_config.json").is_file():
+            raise UsageError(
+                f"--model {args.model}: no tokenizer_config.json there; give a model folder "
+                "with its tokenizer.json and tokenizer_config.json (chat_template)"
+            )
+        if args.tokenizer is not None:
+            raise UsageError("--model brings its own tokenizer: leave out --tokenizer")
+        args.tokenizer = args.template = str(args.model.resolve())
     try:
         options = TraceOptions(
             max_model_len=args.max_model_len,
@@ -103,9 +124,10 @@ def main(args: argparse.Namespace) -> int:
     print(build.load_report.summary())
     print(build.summary())
     seconds = build.manifest["seconds"]
+    parts = ", ".join(f"{k} {v:.1f} s" for k, v in seconds.items() if k not in ("total", "save"))
     print(
-        f"built in {seconds['total']:.1f} s (tokenize {seconds['tokenize']:.1f} s, "
-        f"assemble {seconds['assemble']:.1f} s) after loading in {build.load_report.seconds:.1f} s"
+        f"built in {seconds['total']:.1f} s ({parts}) after loading in "
+        f"{build.load_report.seconds:.1f} s"
     )
     for name, path in build.paths.items():
         print(f"  {name}: {path}")

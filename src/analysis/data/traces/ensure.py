@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from analysis.data.chatlogs import SOURCE as CHAT_LOG_SOURCE
+from analysis.data.chatlogs import load_chat_log
 from analysis.data.tokenizer import TokenizerSource, load_tokenizer, tokenizer_source
 from analysis.data.traces.build import build_traces
 from analysis.data.traces.options import (
@@ -21,6 +23,7 @@ from analysis.data.traces.options import (
 )
 from analysis.data.traces.sets import set_lock
 from analysis.data.traces.storage import load_manifest, set_is_intact, write_trace_set
+from analysis.data.traces.templated import templated_trace_set
 from analysis.platform.errors import TraceError
 from analysis.platform.manifest import file_sha256
 from analysis.platform.writable import ensure_writable
@@ -50,7 +53,7 @@ class TraceBuild:
     manifest: dict[str, Any]
     built: bool
     paths: dict[str, Path]
-    load_report: Any = None  # the ShareGPT LoadReport when this call loaded the data
+    load_report: Any = None  # the LoadReport (ShareGPT) or ChatLogReport of the data loaded
 
     def summary(self) -> str:
         return summarize_counts(self.manifest["counts"], self.manifest["parameters"])
@@ -70,14 +73,14 @@ def ensure_traces(
     is already in `out_dir` (data/traces by default), whole: notebooks and the CLI share this.
     The folder's lock is held from the check to the end of the save, so that a second builder
     waits for the first and then finds its build."""
-    from analysis.data.sharegpt import resolve_source
     from analysis.platform.paths import traces_dir
 
     options = options or TraceOptions()
     out = Path(out_dir) if out_dir is not None else traces_dir()
-    data_file = resolve_source(source, path)
+    data_file = _data_file(source, path)
     if not data_file.is_file():
-        raise TraceError(f"ShareGPT file not found: {data_file}")
+        kind = "chat log" if source == CHAT_LOG_SOURCE else "ShareGPT file"
+        raise TraceError(f"{kind} not found: {data_file}")
     data = {"source": source, "sha256": file_sha256(data_file)}
     request = build_request(options, data, tokenizer_source(options.tokenizer))
     wanted = ["multi_turn.parquet", "single_turn.parquet"]
@@ -97,6 +100,28 @@ def ensure_traces(
         return _build_and_write(options, (source, path, data_file), out, request, jsonl, progress)
 
 
+def _data_file(source: str, path: str | Path | None) -> Path:
+    """The file a source stands for: a chat log's --path, or a ShareGPT source's file."""
+    from analysis.data.sharegpt import resolve_source
+
+    if source != CHAT_LOG_SOURCE:
+        return resolve_source(source, path)
+    if path is None:
+        raise TraceError(f"--source {CHAT_LOG_SOURCE} needs --path <an OpenAI JSONL request log>")
+    return Path(path)
+
+
+def _load(source: str, path: str | Path | None, options: TraceOptions, progress: bool) -> tuple:
+    """(conversations, load report) of a ShareGPT source or of a chat request log."""
+    from analysis.data.sharegpt import load_conversations
+
+    if source == CHAT_LOG_SOURCE:  # whole log: a conversation's requests may be anywhere in it
+        return load_chat_log(path, progress=progress)
+    return load_conversations(
+        source, path, max_conversations=options.max_conversations, progress=progress
+    )
+
+
 def _build_and_write(
     options: TraceOptions,
     data: tuple[str, str | Path | None, Path],
@@ -107,14 +132,13 @@ def _build_and_write(
 ) -> TraceBuild:
     """Load the conversations (`data`: source, path, resolved file), build both traces and
     write them as one set (the caller holds the folder's lock)."""
-    from analysis.data.sharegpt import load_conversations
-
     source, path, data_file = data
-    tokenizer = load_tokenizer(options.tokenizer)
-    conversations, report = load_conversations(
-        source, path, max_conversations=options.max_conversations, progress=progress
-    )
-    trace_set = build_traces(conversations, options, tokenizer, progress=progress)
+    conversations, report = _load(source, path, options, progress)
+    if options.uses_model_template:  # any template, rendered turn by turn
+        trace_set = templated_trace_set(conversations, options, progress)
+    else:
+        tokenizer = load_tokenizer(options.tokenizer)
+        trace_set = build_traces(conversations, options, tokenizer, progress=progress)
     del conversations
     if trace_set.multi.empty:
         raise TraceError(_no_request_kept(data_file, trace_set))

@@ -36,6 +36,13 @@ TRACE_COLUMNS = (
 )
 
 
+def is_model_folder(template: str) -> bool:
+    """Whether `template` is a folder with a tokenizer_config.json (not a template's name)."""
+    from pathlib import Path
+
+    return (Path(template).expanduser() / "tokenizer_config.json").is_file()
+
+
 @dataclass(frozen=True)
 class TraceOptions:
     """Everything that shapes a trace besides the conversations and the tokenizer file."""
@@ -52,7 +59,8 @@ class TraceOptions:
     template_date: str = DEFAULT_DATE  # Llama 3.2's "Today Date", e.g. "26 Jul 2024"
 
     def __post_init__(self) -> None:
-        ChatTemplate(self.template, self.template_date)  # validates both
+        if not self.uses_model_template:
+            ChatTemplate(self.template, self.template_date)  # validates both
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
         if self.single_turn not in SINGLE_TURN_MODES:
@@ -67,6 +75,12 @@ class TraceOptions:
             raise ValueError(f"max_conversations must be >= 0, got {self.max_conversations}")
         if self.arrival_interval_s < 0:
             raise ValueError(f"arrival_interval_s must be >= 0, got {self.arrival_interval_s}")
+
+    @property
+    def uses_model_template(self) -> bool:
+        """`template` names a model folder: its own chat_template renders every turn
+        (`analysis.data.traces.templated`) instead of the Llama assembly."""
+        return is_model_folder(self.template)
 
     @property
     def chat_template(self) -> ChatTemplate:
@@ -147,4 +161,19 @@ def _selection_line(c: dict[str, int]) -> str:
 
 def template_info(options: TraceOptions | None = None) -> dict[str, str | None]:
     """The template a trace was rendered with: name, date (Llama 3.2), hash, Jinja text."""
-    return (options or TraceOptions()).chat_template.info()
+    options = options or TraceOptions()
+    if options.uses_model_template:
+        import hashlib
+
+        from analysis.data.template_render import template_from_folder
+
+        template = template_from_folder(options.template)
+        digest = hashlib.sha256(template.jinja.encode()).hexdigest()
+        return {
+            "name": template.name,
+            "date": None,
+            "sha256": digest,
+            "jinja": template.jinja,
+            "source": template.source,
+        }
+    return options.chat_template.info()

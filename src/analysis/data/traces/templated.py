@@ -65,13 +65,14 @@ def templated_traces(
 
 
 def _pairs(conversation: Conversation) -> list[tuple[str, str]]:
-    """(user, reply) per turn; a last user message without a reply is left out."""
+    """(user, reply) per turn; a conversation that ends on a user message ends with a turn
+    whose reply is empty (the engine still emits the end-of-turn token), as in `build.py`."""
     messages = conversation.messages
-    return [
-        (messages[i].text, messages[i + 1].text)
-        for i in range(0, len(messages) - 1, 2)
-        if messages[i].role == "user" and messages[i + 1].role == "assistant"
-    ]
+    pairs = []
+    for i in range(0, len(messages), 2):
+        reply = messages[i + 1].text if i + 1 < len(messages) else ""
+        pairs.append((messages[i].text, reply))
+    return pairs
 
 
 def _row(conversation_id: str, turn: int, rendered, number: int) -> dict:
@@ -87,3 +88,54 @@ def _row(conversation_id: str, turn: int, rendered, number: int) -> dict:
         "response_tokens": response.shape[0],
         "timestamp": float(number),
     }
+
+
+def templated_trace_set(conversations: Sequence[Conversation], options, progress: bool = False):
+    """Both traces through a model folder's own template (`options.template`), as a
+    `TraceSet` the storage writes like any build. Long prompts: a turn of `max_model_len`
+    tokens or more ends its conversation (the "exclude" policy), counted."""
+    import time
+
+    from analysis.data.template_render import template_from_folder
+    from analysis.data.tokenizer import tokenizer_source
+    from analysis.data.traces.options import TraceCounts, TraceSet
+
+    started = time.perf_counter()
+    limit = options.max_conversations
+    chosen = [c for c in (conversations if limit is None else conversations[:limit])]
+    used = [c for c in chosen if len(_pairs(c)) >= options.min_turns]
+    tokenizer = options.tokenizer or options.template
+    traces = templated_traces(
+        used, template_from_folder(options.template), tokenizer, options.max_model_len
+    )
+    counts = {
+        "conversations": {
+            "input": len(conversations),
+            "skipped_max_conversations": len(conversations) - len(chosen),
+            "skipped_min_turns": len(chosen) - len(used),
+            "used": len(used),
+        },
+        "multi_turn": _counts(traces.multi, traces.too_long, TraceCounts()),
+        "single_turn": _counts(traces.single, 0, TraceCounts()),
+        "prefix_breaks": traces.turns["break_kind"].value_counts().to_dict()
+        if len(traces.turns)
+        else {},
+    }
+    return TraceSet(
+        multi=traces.multi,
+        single=traces.single,
+        counts=counts,
+        options=options,
+        tokenizer=tokenizer_source(tokenizer),
+        seconds={"total": round(time.perf_counter() - started, 3)},
+    )
+
+
+def _counts(frame: pd.DataFrame, excluded: int, counts) -> dict:
+    counts.requests = len(frame)
+    counts.requests_candidate = len(frame) + excluded
+    counts.requests_excluded = excluded
+    counts.conversations = int(frame["conversation_id"].nunique()) if len(frame) else 0
+    counts.prompt_tokens = int(frame["prompt_tokens"].sum()) if len(frame) else 0
+    counts.response_tokens = int(frame["response_tokens"].sum()) if len(frame) else 0
+    return counts.to_dict()
