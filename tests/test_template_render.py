@@ -190,3 +190,11 @@ def test_a_model_folder_without_its_config_is_one_line(tmp_path, capsys):
 
     assert main(["traces", "--model", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
     assert "no tokenizer_config.json there" in capsys.readouterr().err
+
+
+def test_a_hub_model_offline_and_not_cached_is_one_line(tmp_path, capsys, monkeypatch):
+    from analysis.cli import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert main(["traces", "--model", "nobody/no-such-model", "--out", str(tmp_path)]) == 2
+    assert "HF_HUB_OFFLINE is set" in capsys.readouterr().err

@@ -62,8 +62,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--model",
-        type=Path,
-        help="a model folder (tokenizer.json and tokenizer_config.json): its own tokenizer and "
+        help="a model folder (tokenizer.json and tokenizer_config.json) or a hub model id: its "
+        "own tokenizer and "
         "chat template render every turn, as vLLM's chat endpoint would (instead of --tokenizer "
         "and --template; slower, and prefix breaks are counted)",
     )
@@ -85,13 +85,11 @@ def main(args: argparse.Namespace) -> int:
     from analysis.platform.paths import traces_dir
 
     if args.model is not None:
-        if not (args.model / "tokenizer_config.json").is_file():
-            raise UsageError(
-                f"--model {args.model}: no tokenizer_config.json there; give a model folder "
-                "with its tokenizer.json and tokenizer_config.json (chat_template)"
-            )
+        from analysis.data.template_render import model_files
+
         if args.tokenizer is not None:
             raise UsageError("--model brings its own tokenizer: leave out --tokenizer")
+        args.model = model_files(args.model)
         args.tokenizer = args.template = str(args.model.resolve())
     try:
         options = TraceOptions(

@@ -229,3 +229,37 @@ def _token_text(value: Any) -> str | None:
     """A token as tokenizer_config.json writes it: a string, or {"content": ...}."""
     value = value.get("content") if isinstance(value, dict) else value
     return value if isinstance(value, str) else None
+
+
+def model_files(name: str | Path) -> Path:
+    """A folder with the model's tokenizer.json and tokenizer_config.json: `name` itself, or a
+    hub model id's two files from the local cache or, when online, downloaded into it."""
+    from analysis.platform.errors import TraceError
+
+    folder = Path(name).expanduser()
+    if folder.is_dir():
+        if not (folder / "tokenizer_config.json").is_file():
+            raise TraceError(
+                f"{folder}: no tokenizer_config.json there; give a model folder with its "
+                "tokenizer.json and tokenizer_config.json (chat_template), or a hub model id"
+            )
+        return folder
+    from huggingface_hub import snapshot_download
+
+    files = ["tokenizer.json", "tokenizer_config.json"]
+    try:
+        return Path(snapshot_download(str(name), allow_patterns=files, local_files_only=True))
+    except Exception:  # not cached: the network, unless offline
+        pass
+    from analysis.data.tokenizer import _hub_offline
+
+    if _hub_offline():
+        raise TraceError(
+            f"{name!r} is neither a model folder nor a hub model in the local cache, and "
+            "HF_HUB_OFFLINE is set: give a folder, or fetch it once with HF_HUB_OFFLINE=0"
+        )
+    try:
+        return Path(snapshot_download(str(name), allow_patterns=files))
+    except Exception as exc:  # the network boundary: one line
+        reason = " ".join(str(exc).split())[:160] or type(exc).__name__
+        raise TraceError(f"cannot get {name!r}'s tokenizer files from the hub: {reason}") from None
