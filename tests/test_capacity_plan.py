@@ -303,6 +303,7 @@ def test_plan_writes_its_tables(in_root, tmp_path, capsys):
         (["--trace", "x.jsonl"], "give its block size"),
         (["--target", "1.5"], "not a share of the ideal"),
         (["--concurrency", "0"], "--concurrency must be at least 1"),
+        (["--block-size", "0"], "--block-size must be a positive integer"),
     ],
 )
 def test_bad_plan_settings_are_one_line_errors(in_root, capsys, args, message):

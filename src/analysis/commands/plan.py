@@ -103,6 +103,8 @@ def compute(args: argparse.Namespace) -> tuple[Any, Any]:
     from analysis.platform.errors import ConfigError
     from analysis.sweeps import capacity_plan, capacity_target
 
+    if args.block_size is not None and args.block_size < 1:
+        raise ConfigError(f"--block-size must be a positive integer (got {args.block_size})")
     for name in ("concurrency", "points", "max_model_len"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be at least 1")
