@@ -36,13 +36,23 @@ class ReplayEngine:
     block_hasher: Callable[[Any], list[Any]]
     vllm_config: Any
     hash_block_size: int
+    kv_cache_config: Any = None  # the KVCacheConfig the scheduler was built with
 
 
 def build_replay_engine(
-    config: RunConfig, model: ResolvedModel, *, kv_events: bool = False
+    config: RunConfig,
+    model: ResolvedModel,
+    *,
+    kv_events: bool = False,
+    extra_kwargs: dict[str, Any] | None = None,
 ) -> ReplayEngine:
     """vLLM's scheduler for `config`, without a model; `kv_events` turns on vLLM's KV cache
-    events (`BlockStored` / `BlockRemoved`, what a precise router reads)."""
+    events (`BlockStored` / `BlockRemoved`, what a precise router reads).
+
+    `extra_kwargs` are merged last into the `EngineArgs` keyword arguments: settings a
+    `RunConfig` does not describe but a driver needs on the same scheduler, such as the
+    `kv_transfer_config` of CPU offloading (`engines.offload`), so that one construction
+    serves every model-free engine. Nothing is added when it is None."""
     import torch
     from vllm.engine.arg_utils import EngineArgs
     from vllm.usage.usage_lib import UsageContext
@@ -60,6 +70,8 @@ def build_replay_engine(
         from vllm.config import KVEventsConfig
 
         kwargs["kv_events_config"] = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
+    if extra_kwargs:
+        kwargs.update(extra_kwargs)
     vllm_config = EngineArgs(**kwargs).create_engine_config(usage_context=UsageContext.LLM_CLASS)
     # A hub model's shape is unknown without its config; the layer shape changes no count.
     layers, kv_heads, head_size = (
@@ -90,7 +102,7 @@ def build_replay_engine(
         hash_block_size=hash_block_size,
         log_stats=True,
     )
-    _skip_model_runner_payload(scheduler)
+    skip_model_runner_payload(scheduler)
     hash_fn = get_hash_fn_by_name(vllm_config.cache_config.prefix_caching_hash_algo)
     init_none_hash(hash_fn)
     return ReplayEngine(
@@ -98,10 +110,11 @@ def build_replay_engine(
         block_hasher=get_request_block_hasher(hash_block_size, hash_fn),
         vllm_config=vllm_config,
         hash_block_size=hash_block_size,
+        kv_cache_config=kv_cache_config,
     )
 
 
-def _skip_model_runner_payload(scheduler: Any) -> None:
+def skip_model_runner_payload(scheduler: Any) -> None:
     """No model runner reads `scheduled_cached_reqs`: skip building it (a copy of every
     token of each resumed request). `_make_cached_request_data` only builds that payload."""
     from vllm.v1.core.sched.output import CachedRequestData

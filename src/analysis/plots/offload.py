@@ -1,0 +1,50 @@
+"""Figure of notebook 16: hit rate by tier (GPU, CPU) against the CPU memory given to offloading."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from analysis.plots import percent_axis
+
+GPU_COLOR, CPU_COLOR = "#4C72B0", "#DD8452"
+
+
+def hit_rate_by_tier_figure(table: pd.DataFrame) -> Figure:
+    """Stacked bars (GPU hits, CPU hits) per CPU multiple, with the two-level LRU bounds (total
+    and GPU tier) as lines at the same sizes."""
+    rows = table.sort_values("multiple")
+    x = np.arange(len(rows))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.bar(x, rows["gpu_hit_rate"], color=GPU_COLOR, label="replay: GPU hits")
+    ax.bar(
+        x,
+        rows["cpu_hit_rate"],
+        bottom=rows["gpu_hit_rate"],
+        color=CPU_COLOR,
+        label="replay: CPU hits (loaded)",
+    )
+    ax.plot(
+        x, rows["bound_total"], "k--", marker="o", label="bound: both tiers (LRU, write-through)"
+    )
+    ax.plot(x, rows["bound_gpu"], color=GPU_COLOR, ls=":", marker="s", label="bound: GPU tier")
+    gpu = table.attrs.get("gpu_blocks")
+    ax.set_xticks(
+        x,
+        [
+            f"{int(m)}x\n{int(c):,}"
+            for m, c in zip(rows["multiple"], rows["cpu_blocks"], strict=True)
+        ],
+    )
+    ax.set_xlabel(
+        f"CPU memory: multiple of the GPU's {gpu:,} blocks / CPU blocks" if gpu else "CPU blocks"
+    )
+    ax.set_ylabel("first-prefill hit rate (share of prompt tokens)")
+    percent_axis(ax)
+    ax.set_ylim(0, 1)
+    ax.set_title("Prefix hits by tier under vLLM's CPU offloading")
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,277 @@
+"""CPU offloading against CPU memory (notebook 16): vLLM's own connector, replayed, per CPU size.
+
+For one trace, one GPU of `gpu_blocks` KV blocks and `clients` closed-loop clients, each CPU
+multiple m runs `engines.offload.run_offload` with m x `gpu_blocks` CPU blocks (m = 0: the same
+loop on `replay`'s scheduler without the connector, no CPU tier at all). Beside each run sit the
+two-level bounds (`metrics.bounds.tier_bounds`, vLLM's write-through LRU, policy "lru") at the
+same GPU and CPU sizes, computed in engine order: the trace reordered as the run with the largest
+CPU admitted it (`bounds.in_engine_order`).
+
+A bound's GPU capacity is not the engine's `num_blocks`. The bound counts blocks kept between
+requests; the engine's `num_blocks` also holds the blocks of the requests running at that moment
+(up to `clients` of them, each its whole prompt and reply so far), so the engine keeps fewer
+finished blocks than the bound's G, and a preempted request gives its blocks back. The bound's
+GPU tier is therefore an optimistic stand-in for the engine's, not its model. The CPU tier has
+no such gap: running requests hold no CPU blocks, and vLLM's CPU manager only refuses a store
+while blocks are pinned by a load in flight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+
+from analysis.metrics.oracles import Checks
+
+DEFAULT_MULTIPLES = (0, 1, 2, 4, 8)
+COLUMNS = [
+    "multiple",
+    "cpu_blocks",
+    "gpu_hit_rate",
+    "cpu_hit_rate",
+    "total",
+    "bound_gpu",
+    "bound_cpu",
+    "bound_total",
+    "stored_blocks",
+    "stored_never_loaded",
+    "loaded_blocks",
+    "preemptions",
+    "computed_prompt_tokens",
+]
+FLAT_TOLERANCE = 0.01  # "stops helping": within 1 percentage point of the largest CPU's total
+
+
+def offload_table(
+    trace: pd.DataFrame,
+    *,
+    gpu_blocks: int,
+    clients: int,
+    multiples: Sequence[int] = DEFAULT_MULTIPLES,
+    block_size: int = 16,
+    max_model_len: int = 8192,
+    eviction_policy: str = "lru",
+    include_outputs: bool = True,
+    compare_replay: bool = True,
+) -> pd.DataFrame:
+    """One row per CPU multiple: the run's hit rates by tier, the bounds at the same sizes, and
+    the connector's transfers (columns `COLUMNS`). `trace` is the frame replayed (already
+    limited). `table.attrs` keeps the settings, and with `compare_replay` the first-prefill hit
+    tokens of plain `replay` (`analysis.runs.run`) on the same trace and GPU, for the checks."""
+    from analysis.engines.config import RunConfig
+    from analysis.engines.offload import run_offload
+    from analysis.engines.vllm_args import config_model
+    from analysis.engines.workload import build_workload
+    from analysis.metrics import bounds
+
+    multiples = sorted({int(m) for m in multiples})
+    if not multiples or multiples[0] < 0:
+        raise ValueError(f"multiples={multiples}: give CPU multiples >= 0 of the GPU's blocks")
+    config = RunConfig(
+        block_size=block_size,
+        num_blocks=gpu_blocks,
+        max_model_len=max_model_len,
+        mode="closed-loop",
+        concurrency=clients,
+    )
+    model = config_model(config)
+    workload = build_workload(trace, config)
+    runs = {
+        m: run_offload(workload, config, model, m * gpu_blocks, eviction_policy) for m in multiples
+    }
+    largest = runs[multiples[-1]]
+    ordered = bounds.in_engine_order(trace, largest.admissions)
+    pairs = [(gpu_blocks, m * gpu_blocks) for m in multiples]
+    bound = tier_bound_rows(ordered, block_size, pairs, include_outputs)
+    rows = []
+    for m in multiples:
+        counts = runs[m].counts
+        limit = bound.loc[(gpu_blocks, m * gpu_blocks)]
+        rows.append(
+            {
+                "multiple": m,
+                "cpu_blocks": m * gpu_blocks,
+                "gpu_hit_rate": counts.gpu_hit_rate,
+                "cpu_hit_rate": counts.cpu_hit_rate,
+                "total": counts.gpu_hit_rate + counts.cpu_hit_rate,
+                "bound_gpu": float(limit["gpu_hit_rate"]),
+                "bound_cpu": float(limit["cpu_hit_rate"]),
+                "bound_total": float(limit["hit_rate"]),
+                "stored_blocks": counts.stored_blocks,
+                "stored_never_loaded": counts.stored_never_loaded,
+                "loaded_blocks": counts.loaded_blocks,
+                "preemptions": counts.preemptions,
+                "computed_prompt_tokens": counts.computed_prompt_tokens,
+            }
+        )
+    table = pd.DataFrame(rows, columns=COLUMNS)
+    table.attrs = {
+        "gpu_blocks": gpu_blocks,
+        "clients": clients,
+        "block_size": block_size,
+        "max_model_len": max_model_len,
+        "eviction_policy": eviction_policy,
+        "include_outputs": include_outputs,
+        "conversations": int(trace["conversation_id"].nunique()),
+        "requests": int(len(ordered)),
+        "prompt_tokens": int(runs[multiples[0]].counts.prompt_tokens),
+        "gpu_hit_tokens": {m: runs[m].counts.gpu_hit_tokens for m in multiples},
+        "recorder_gpu_hit_tokens": {m: runs[m].first_prefill_gpu_hit_tokens for m in multiples},
+        "store_refusals": {m: runs[m].counts.store_refusals for m in multiples},
+        "hit_tokens": {
+            m: runs[m].counts.gpu_hit_tokens + runs[m].counts.cpu_hit_tokens for m in multiples
+        },
+        "ideal_hit_tokens": int(
+            bounds.ideal_bound(
+                bounds.index_trace(ordered, include_outputs=include_outputs), block_size
+            ).hit_tokens
+        ),
+    }
+    if compare_replay:
+        table.attrs["replay_gpu_hit_tokens"] = replay_first_prefill_hits(trace, config)
+    return table
+
+
+def tier_bound_rows(
+    ordered: pd.DataFrame, block_size: int, pairs: list[tuple[int, int]], include_outputs: bool
+) -> pd.DataFrame:
+    """`tier_bounds` (policy "lru") at each (GPU, CPU) pair, indexed by the pair."""
+    from analysis.metrics.bounds.tiers import tier_bounds
+
+    frame = tier_bounds(ordered, block_size, pairs, ("lru",), include_outputs=include_outputs)
+    return frame.set_index(["gpu_capacity", "cpu_capacity"])
+
+
+def replay_first_prefill_hits(trace: pd.DataFrame, config: Any) -> int:
+    """First-prefill hit tokens of plain `replay` (`analysis.runs.run`, fast path on)."""
+    from analysis.runs import run
+
+    result = run(trace, config, progress=False)
+    first = result.admissions[result.admissions["kind"] == "first"]
+    return int(first["tokens_hit"].sum())
+
+
+def _pct(rate: float) -> str:
+    return f"{100 * rate:.1f} %"
+
+
+def flat_from(table: pd.DataFrame, tolerance: float = FLAT_TOLERANCE) -> pd.Series:
+    """The row of the smallest CPU multiple whose total hit rate is within `tolerance` of the
+    largest multiple's: where adding CPU memory stops helping on this grid."""
+    rows = table.sort_values("multiple")
+    best = float(rows["total"].iloc[-1])
+    return rows[rows["total"] >= best - tolerance].iloc[0]
+
+
+def offload_reading(table: pd.DataFrame) -> str:
+    """The reading of the offloading figure, every number from `table`."""
+    rows = table.sort_values("multiple").reset_index(drop=True)
+    attrs = table.attrs
+    base, top = rows.iloc[0], rows.iloc[-1]
+    flat = flat_from(rows)
+    gained = rows[rows["multiple"] > 0]
+    stored, unread = int(gained["stored_blocks"].sum()), int(gained["stored_never_loaded"].sum())
+    text = [
+        f"**Reading.** On {attrs['conversations']:,} conversations ({attrs['requests']:,} "
+        f"requests, {attrs['prompt_tokens']:,} prompt tokens) with a GPU of "
+        f"{attrs['gpu_blocks']:,} blocks and {attrs['clients']} clients, "
+        f"{'no CPU' if base['multiple'] == 0 else f'{int(base.cpu_blocks):,} CPU blocks'} gives "
+        f"{_pct(base['total'])} of prompt tokens from the GPU "
+        f"({int(base['preemptions']):,} preemptions). "
+    ]
+    steps = [
+        f"{int(r.multiple)}x ({int(r.cpu_blocks):,} blocks): {_pct(r.gpu_hit_rate)} GPU + "
+        f"{_pct(r.cpu_hit_rate)} CPU = {_pct(r.total)} (bound {_pct(r.bound_total)})"
+        for r in gained.itertuples()
+    ]
+    if steps:
+        text.append("With CPU memory of " + "; ".join(steps) + ". ")
+    text.append(
+        f"Adding CPU memory stops helping at {int(flat['multiple'])}x the GPU "
+        f"({int(flat['cpu_blocks']):,} blocks, {_pct(flat['total'])}, within "
+        f"{100 * FLAT_TOLERANCE:.0f} percentage point of the {int(top['multiple'])}x total, "
+        f"{_pct(top['total'])}). "
+    )
+    under = gained[gained["total"] > gained["bound_total"]]
+    if len(under):
+        first = under.iloc[0]
+        text.append(
+            f"At {int(first['multiple'])}x the run's {_pct(first['total'])} is above the LRU "
+            f"bound's {_pct(first['bound_total'])}: the bound's GPU keeps all "
+            f"{attrs['gpu_blocks']:,} blocks for finished requests, so an inclusive CPU no larger "
+            "than that adds little, while vLLM's GPU also holds the running requests and keeps "
+            "far fewer; the bound is a reference, not a ceiling, until the CPU outgrows that gap. "
+        )
+    if stored:
+        text.append(
+            f"Write-through costs transfers: over the runs with a CPU, "
+            f"{stored:,} blocks were stored and {unread:,} ({_pct(unread / stored)}) were never "
+            f"loaded back; the {int(top['multiple'])}x run loaded {int(top['loaded_blocks']):,} "
+            f"blocks and still computed {int(top['computed_prompt_tokens']):,} prompt tokens "
+            f"(against {int(base['computed_prompt_tokens']):,} at {int(base['multiple'])}x)."
+        )
+    return "".join(text)
+
+
+def offload_checks(table: pd.DataFrame) -> Checks:
+    """What must hold between the runs, the bounds and plain replay (see `offload_reading`)."""
+    checks = Checks()
+    rows = table.sort_values("multiple").reset_index(drop=True)
+    attrs = table.attrs
+    for r in rows.itertuples():
+        checks.add(
+            f"{r.multiple}x: stored blocks never loaded <= stored blocks",
+            f"<= {r.stored_blocks}",
+            r.stored_never_loaded,
+            r.stored_never_loaded <= r.stored_blocks,
+        )
+    gpu, recorded = attrs["gpu_hit_tokens"], attrs["recorder_gpu_hit_tokens"]
+    checks.add(
+        "recorder's first-prefill GPU hits = vLLM's PrefixCacheStats (every run)",
+        list(gpu.values()),
+        list(recorded.values()),
+        gpu == recorded,
+    )
+    if "replay_gpu_hit_tokens" in attrs and 0 in gpu:
+        checks.add(
+            "no CPU: first-prefill hit tokens = plain replay's",
+            attrs["replay_gpu_hit_tokens"],
+            gpu[0],
+            attrs["replay_gpu_hit_tokens"] == gpu[0],
+        )
+    with_cpu = rows[rows["multiple"] > 0]
+    if len(with_cpu):
+        checks.add(
+            "with a CPU, the CPU tier gives hits",
+            "> 0",
+            round(float(with_cpu["cpu_hit_rate"].min()), 4),
+            bool((with_cpu["cpu_hit_rate"] > 0).all()),
+        )
+        checks.add(
+            "a CPU never lowers the total hit rate below no CPU's",
+            f">= {rows['total'].iloc[0]:.4f}",
+            round(float(with_cpu["total"].min()), 4),
+            bool((with_cpu["total"] >= rows["total"].iloc[0]).all()),
+        )
+    hits, ideal = attrs["hit_tokens"], attrs["ideal_hit_tokens"]
+    checks.add(
+        "every run's hit tokens (GPU + CPU) <= an infinite cache's (ideal bound, engine order)",
+        f"<= {ideal}",
+        max(hits.values()),
+        max(hits.values()) <= ideal,
+    )
+    checks.add(
+        "CPU bound grows with CPU size (monotone)",
+        "non-decreasing",
+        [round(x, 4) for x in rows["bound_total"]],
+        bool(rows["bound_total"].is_monotonic_increasing),
+    )
+    checks.add(
+        "no CPU store refused (CPU never full of pinned blocks)",
+        0,
+        sum(attrs["store_refusals"].values()),
+        sum(attrs["store_refusals"].values()) == 0,
+    )
+    return checks

@@ -1,0 +1,116 @@
+"""CPU offloading in replay: vLLM's OffloadingConnector driven without a model (issue 24)."""
+
+from __future__ import annotations
+
+import pytest
+
+from analysis.engines.config import RunConfig
+from analysis.engines.synthetic import synthetic_trace
+from analysis.engines.vllm_args import config_model
+from analysis.engines.workload import build_workload
+from analysis.metrics import bounds
+from analysis.platform.errors import ConfigError
+
+pytestmark = pytest.mark.engine
+
+BLOCK = 16
+TRACE = synthetic_trace(12, turns=4, user_tokens=(20, 100), reply_tokens=(10, 40), seed=3)
+
+
+def config_for(gpu_blocks: int) -> RunConfig:
+    return RunConfig(block_size=BLOCK, num_blocks=gpu_blocks, max_model_len=512, concurrency=6)
+
+
+def run_full(gpu_blocks: int, cpu_blocks: int, policy: str = "lru"):
+    from analysis.engines.offload import run_offload
+
+    config = config_for(gpu_blocks)
+    return run_offload(
+        build_workload(TRACE, config), config, config_model(config), cpu_blocks, policy
+    )
+
+
+def run(gpu_blocks: int, cpu_blocks: int, policy: str = "lru"):
+    return run_full(gpu_blocks, cpu_blocks, policy).counts
+
+
+@pytest.fixture(scope="module")
+def small_gpu_runs():
+    """A GPU of 39 usable blocks under 6 clients: turns come back after their blocks left."""
+    return {cpu: run_full(40, cpu) for cpu in (0, 200, 5000)}
+
+
+@pytest.fixture(scope="module")
+def small_gpu(small_gpu_runs):
+    return {cpu: result.counts for cpu, result in small_gpu_runs.items()}
+
+
+def test_the_recorder_sees_vllms_gpu_hits_and_one_first_admission_each(small_gpu_runs):
+    for result in small_gpu_runs.values():
+        assert result.first_prefill_gpu_hit_tokens == result.counts.gpu_hit_tokens
+        first = result.admissions[result.admissions["kind"] == "first"]
+        assert sorted(first["request_index"]) == list(range(len(TRACE)))
+        ordered = bounds.in_engine_order(TRACE, result.admissions)
+        assert len(ordered) == len(TRACE)
+
+
+def test_no_cpu_is_plain_replay():
+    """cpu_blocks=0 runs without the connector: the same first-prefill hits as `replay`."""
+    from analysis.runs import run as run_engine
+
+    config = config_for(40)
+    plain = run_engine(TRACE, config, progress=False)
+    first = plain.admissions[plain.admissions["kind"] == "first"]
+    result = run_full(40, 0)
+    assert result.counts.cpu_hit_tokens == result.counts.stored_blocks == 0
+    assert result.counts.gpu_hit_tokens == int(first["tokens_hit"].sum())
+    assert result.counts.preemptions == int(plain.requests["preemptions"].sum())
+
+
+def test_counts_add_up_and_the_cpu_gives_hits(small_gpu):
+    counts = small_gpu[200]
+    assert counts.prompt_tokens == int(TRACE["prompt_tokens"].sum())
+    assert counts.cpu_hit_tokens > counts.gpu_hit_tokens > 0
+    assert counts.computed_prompt_tokens == (
+        counts.prompt_tokens - counts.gpu_hit_tokens - counts.cpu_hit_tokens
+    )
+    # Loads also serve re-admissions after preemption, which the first-admission hits leave out.
+    assert counts.loaded_blocks * BLOCK >= counts.cpu_hit_tokens
+    assert counts.load_jobs > 0 and counts.store_jobs > 0
+    assert 0 < counts.stored_never_loaded < counts.stored_blocks
+    assert counts.evicted_blocks > 0 and counts.store_refusals == 0
+
+
+def test_a_cpu_that_never_evicts_stores_each_distinct_prompt_block_once(small_gpu):
+    counts = small_gpu[5000]
+    distinct = bounds.index_trace(TRACE).block_keys(BLOCK).num_keys  # prompt blocks only
+    assert counts.evicted_blocks == 0
+    assert counts.stored_blocks == distinct  # write-through, prompt blocks (vLLM's default)
+    assert counts.cpu_hit_tokens >= small_gpu[200].cpu_hit_tokens
+
+
+def test_a_gpu_that_never_evicts_loads_nothing():
+    counts = run(400, 200)
+    ideal = bounds.ideal_bound(bounds.index_trace(TRACE, include_outputs=True), BLOCK).hit_tokens
+    assert counts.gpu_hit_tokens == ideal
+    assert counts.cpu_hit_tokens == counts.loaded_blocks == counts.preemptions == 0
+    assert counts.stored_never_loaded == counts.stored_blocks > 0  # every store was wasted
+
+
+def test_arc_runs_and_an_unknown_policy_is_named():
+    assert run(40, 200, "arc").cpu_hit_tokens > 0
+    with pytest.raises(ConfigError, match="eviction_policy='fifo'"):
+        run(40, 200, "fifo")
+    with pytest.raises(ConfigError, match="cpu_blocks=-1"):
+        run(40, -1)
+
+
+def test_the_offload_table_reading_and_checks():
+    from analysis.sweeps.offload import COLUMNS, offload_checks, offload_reading, offload_table
+
+    table = offload_table(TRACE, gpu_blocks=40, clients=6, multiples=(0, 1, 4), max_model_len=512)
+    assert list(table.columns) == COLUMNS and list(table["multiple"]) == [0, 1, 4]
+    assert table.loc[0, "cpu_hit_rate"] == 0 and table.loc[2, "cpu_hit_rate"] > 0
+    offload_checks(table).assert_all()
+    reading = offload_reading(table)
+    assert "stops helping" in reading and f"{100 * table.loc[2, 'total']:.1f} %" in reading
