@@ -60,6 +60,7 @@ from analysis.metrics.bounds.ideal import (
 from analysis.metrics.bounds.keys import BlockKeys, TraceIndex, block_keys, index_trace
 from analysis.metrics.bounds.order import admission_order, in_engine_order
 from analysis.metrics.bounds.simulation import simulate_vllm
+from analysis.metrics.bounds.tiers import tier_bounds, tier_request_hits
 from analysis.platform.errors import BoundsError
 
 __all__ = [
@@ -84,6 +85,8 @@ __all__ = [
     "opt_request_hits",
     "reuse_distances",
     "simulate_vllm",
+    "tier_bounds",
+    "tier_request_hits",
     "token_vs_block_reuse",
     "total_ideal_hits_from_keys",
 ]
