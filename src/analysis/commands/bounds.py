@@ -13,8 +13,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-BLOCKHASH_SUFFIXES = (".jsonl", ".json", ".gz")
-
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -92,8 +90,10 @@ def compute(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     if args.block_size is not None and args.block_size < 1:
         raise ValueError(f"--block-size must be a positive integer (got {args.block_size})")
+    from analysis.data.blockhash import is_blockhash_path
+
     path = Path(args.trace)
-    blockhash = path.suffix.lower() in BLOCKHASH_SUFFIXES
+    blockhash = is_blockhash_path(path)
     result: dict[str, Any] = {"trace": str(path)}
     if blockhash:
         if args.block_size is None:

@@ -26,6 +26,7 @@ import pandas as pd
 
 from analysis.platform.errors import BlockHashError
 
+BLOCKHASH_SUFFIXES = (".jsonl", ".json", ".gz")  # plain or gzipped JSON Lines
 REQUIRED_FIELDS = ("hash_ids", "input_length", "output_length", "timestamp")
 OPTIONAL_INT_FIELDS = ("chat_id", "parent_chat_id", "turn")
 TIMESTAMP_UNITS = ("auto", "s", "ms")
@@ -346,3 +347,30 @@ def _unique_request_ids(conversations: list[str], turns: np.ndarray) -> list[str
         seen[base] += 1
         ids.append(base if seen[base] == 1 else f"{base}#{seen[base]}")
     return ids
+
+
+def is_blockhash_path(path: str | Path) -> bool:
+    """Whether `path` names a block-hash trace (JSON Lines, plain or gzipped), not a token one."""
+    return Path(path).suffix.lower() in BLOCKHASH_SUFFIXES
+
+
+def token_trace_file(path: str | Path, frame: pd.DataFrame, limit: int | None = None) -> Path:
+    """The token trace of block-hash file `path`, whose `frame` `load_blockhash_trace` read
+    (its first `limit` conversations, or all), written once under data/cache/blockhash/ by the
+    file's content, block size and limit: runs, grids and plans then replay it as any .parquet
+    trace, and its config ids follow the content. A limit keeps the file small: production
+    prompts are long (Mooncake's whole trace is about 145 M tokens)."""
+    from analysis.data.traces import limit_trace, write_trace
+    from analysis.platform.manifest import file_sha256
+    from analysis.platform.paths import cache_dir
+
+    path = Path(path)
+    block_size = int(frame.attrs["block_size"])
+    label = path.name.split(".")[0]
+    part = "" if limit is None else f"-first{int(limit)}"
+    name = f"{label}-b{block_size}-{file_sha256(path)[:12]}{part}.parquet"
+    out = cache_dir() / "blockhash" / name
+    if not out.is_file():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_trace(out, blockhash_to_trace(limit_trace(frame, limit), block_size))
+    return out

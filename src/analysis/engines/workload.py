@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from analysis.data.traces.storage import limit_trace
 from analysis.engines.config import ConfigError, RunConfig
 from analysis.platform.errors import TraceError
 
@@ -174,14 +175,6 @@ def token_ids(
     if array is None or (array.dtype.kind in "fO" and pd.isna(array).any()):
         raise TraceError(f"request {request_id!r} has a null token id in {column}: {REBUILD}")
     return array.astype(np.int32, copy=False)
-
-
-def limit_trace(trace: pd.DataFrame, limit: int | None) -> pd.DataFrame:
-    """The first `limit` conversations (in order of first appearance), all their turns."""
-    if limit is None:
-        return trace.reset_index(drop=True)
-    conversation_ids = pd.unique(trace["conversation_id"])[:limit]
-    return trace[trace["conversation_id"].isin(set(conversation_ids))].reset_index(drop=True)
 
 
 def _choose_outputs(

@@ -17,7 +17,7 @@ only turns blocks into bytes (`analysis.models.memory`).
 
 Block-hash traces (Mooncake, the Alibaba/Qwen "KVCache in the wild" traces) are replayed as
 the token traces `analysis.data.blockhash.blockhash_to_trace` makes of them, written once
-under data/cache/plan/.
+under data/cache/blockhash/.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ import pandas as pd
 
 from analysis.platform.errors import ConfigError
 
-BLOCKHASH_SUFFIXES = (".jsonl", ".gz", ".json")
 SHAREGPT_BLOCK_SIZE = 16
 
 
@@ -65,8 +64,10 @@ def plan_trace(
     """`trace` (a ShareGPT trace name, a .parquet, or a block-hash .jsonl / .jsonl.gz) ready
     for a plan. A block-hash trace needs its own block size (16 for the Alibaba/Qwen traces,
     512 for Mooncake); a token trace defaults to 16."""
+    from analysis.data.blockhash import is_blockhash_path
+
     path = Path(trace)
-    if path.suffix in BLOCKHASH_SUFFIXES or path.name.endswith(".jsonl.gz"):
+    if is_blockhash_path(path):
         return _blockhash_plan_trace(path, block_size, limit)
     from analysis.data.traces import load_trace
     from analysis.engines.workload import limit_trace
@@ -85,11 +86,8 @@ def plan_trace(
 
 
 def _blockhash_plan_trace(path: Path, block_size: int | None, limit: int | None) -> PlanTrace:
-    from analysis.data.blockhash import blockhash_to_trace, load_blockhash_trace
-    from analysis.data.traces import write_trace
+    from analysis.data.blockhash import load_blockhash_trace, token_trace_file
     from analysis.engines.workload import limit_trace
-    from analysis.platform.manifest import file_sha256
-    from analysis.platform.paths import cache_dir
 
     if block_size is None:
         raise ConfigError(
@@ -97,15 +95,11 @@ def _blockhash_plan_trace(path: Path, block_size: int | None, limit: int | None)
             "Alibaba/Qwen traces, 512 for Mooncake)"
         )
     frame, report = load_blockhash_trace(path, block_size)
-    label = path.name.split(".")[0]
-    replay_file = cache_dir() / "plan" / f"{label}-b{block_size}-{file_sha256(path)[:12]}.parquet"
-    if not replay_file.is_file():
-        replay_file.parent.mkdir(parents=True, exist_ok=True)
-        write_trace(replay_file, blockhash_to_trace(frame, block_size))
+    replay_file = token_trace_file(path, frame)
     limited = limit_trace(frame, limit)
     limited.attrs = dict(frame.attrs)
     return PlanTrace(
-        label=label,
+        label=path.name.split(".")[0],
         replay_file=replay_file,
         bounds_frame=limited,
         block_size=block_size,

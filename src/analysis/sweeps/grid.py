@@ -26,6 +26,9 @@ from analysis.platform.errors import GridError
 from analysis.platform.paths import configs_dir
 
 SERIES_KEYS = {"name", "traces", "engines", "block_sizes", "num_blocks"}
+# The block size of a series' block-hash traces (`.jsonl`, `.jsonl.gz`: Mooncake 512, the
+# Alibaba/Qwen traces 16), which replay as token traces (`data.blockhash.token_trace_file`).
+BLOCKHASH_KEY = "blockhash_block_size"
 DIMENSION_FIELDS = {"trace", "engine", "block_size", "num_blocks"}
 
 
@@ -92,7 +95,9 @@ def grid_points(name_or_path: str | Path, block_budget=None) -> list[Point]:
         missing = SERIES_KEYS - set(series)
         if missing:
             raise GridError(f"series {series.get('name')!r} lacks {', '.join(sorted(missing))}")
-        fields_ = base | {k: v for k, v in series.items() if k not in SERIES_KEYS}
+        fields_ = base | {
+            k: v for k, v in series.items() if k not in SERIES_KEYS and k != BLOCKHASH_KEY
+        }
         unknown = sorted(set(fields_) - {f.name for f in dataclasses.fields(RunConfig)})
         if unknown:
             raise GridError(
@@ -100,7 +105,9 @@ def grid_points(name_or_path: str | Path, block_budget=None) -> list[Point]:
                 "(see analysis.engines.RunConfig)"
             )
         dims = {
-            "trace": series["traces"],
+            "trace": [
+                token_trace(trace, series, fields_.get("limit")) for trace in series["traces"]
+            ],
             "engine": series["engines"],
             "block_size": series["block_sizes"],
         } | {k: v for k, v in fields_.items() if isinstance(v, list)}
@@ -115,6 +122,42 @@ def grid_points(name_or_path: str | Path, block_budget=None) -> list[Point]:
                 config = proto.with_(num_blocks=num_blocks)
                 points.append(Point(series["name"], config, varying))
     return points
+
+
+def token_trace(trace: str, series: dict[str, Any], limit: Any = None) -> str:
+    """`trace` as a series names it, or, for a block-hash trace, the token trace file it
+    replays as: its first `limit` conversations when the series fixes one number (a relative
+    path is taken from the repository root)."""
+    from analysis.data.blockhash import is_blockhash_path
+    from analysis.platform.paths import repo_root
+
+    if not is_blockhash_path(trace):
+        return trace
+    block_size = series.get(BLOCKHASH_KEY)
+    if not isinstance(block_size, int) or block_size < 1:
+        raise GridError(
+            f"series {series.get('name')!r}: {trace} is a block-hash trace: give "
+            f"{BLOCKHASH_KEY}, its own block size (512 for Mooncake, 16 for the Alibaba/Qwen "
+            "traces)"
+        )
+    path = Path(trace) if Path(trace).is_absolute() else repo_root() / trace
+    if not path.is_file():
+        raise GridError(f"series {series.get('name')!r}: no block-hash trace at {path}")
+    limit = limit if isinstance(limit, int) else None  # a list of limits: the whole file
+    return _token_trace_file(str(path), path.stat().st_mtime_ns, block_size, limit)
+
+
+@functools.lru_cache(maxsize=8)
+def _token_trace_file(path: str, mtime_ns: int, block_size: int, limit: int | None) -> str:
+    """Read and convert once per file version (grids are expanded many times)."""
+    import sys
+
+    from analysis.data.blockhash import load_blockhash_trace, token_trace_file
+
+    frame, report = load_blockhash_trace(path, block_size)
+    if report.malformed:
+        print(report.summary(), file=sys.stderr)
+    return str(token_trace_file(path, frame, limit))
 
 
 def _block_counts(spec: str | list[int], proto, budget) -> list[int]:

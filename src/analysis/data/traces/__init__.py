@@ -13,6 +13,7 @@ from analysis.data.traces.options import TRACE_COLUMNS, TraceOptions
 from analysis.data.traces.stats import shared_prefix_tokens, trace_stats
 from analysis.data.traces.storage import (
     export_jsonl,
+    limit_trace,
     load_manifest,
     load_trace,
     save_traces,
@@ -29,6 +30,7 @@ __all__ = [
     "build_traces",
     "ensure_traces",
     "export_jsonl",
+    "limit_trace",
     "load_manifest",
     "load_trace",
     "save_traces",

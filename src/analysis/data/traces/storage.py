@@ -100,6 +100,14 @@ def write_trace(path: Path, frame: pd.DataFrame) -> None:
         pq.write_table(table, tmp, compression="zstd")
 
 
+def limit_trace(trace: pd.DataFrame, limit: int | None) -> pd.DataFrame:
+    """The first `limit` conversations (in order of first appearance), all their turns."""
+    if limit is None:
+        return trace.reset_index(drop=True)
+    conversation_ids = pd.unique(trace["conversation_id"])[:limit]
+    return trace[trace["conversation_id"].isin(set(conversation_ids))].reset_index(drop=True)
+
+
 def load_trace(path: str | Path) -> pd.DataFrame:
     """One trace (Parquet) as a frame with the schema's columns, or a one-line TraceError."""
     import pyarrow as pa
