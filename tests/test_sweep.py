@@ -100,3 +100,66 @@ def test_committed_grids_expand():
     assert all(p.config.num_blocks >= p.config.min_num_blocks for p in points)
     gpu = sweeps.grid_points("gpu", block_budget=lambda config: 100_000)
     assert any(p.config.device == "cuda" for p in gpu)
+
+
+MOONCAKE = "data/external/mooncake/conversation_trace.jsonl.gz"
+
+
+def test_a_block_hash_trace_in_a_grid_replays_as_its_token_trace(tmp_path, monkeypatch):
+    """The committed Mooncake trace, named in a series with its block size: every point runs
+    the token trace `blockhash_to_trace` makes of it, written once under data/cache/."""
+    from analysis.data.blockhash import load_blockhash_trace
+    from analysis.data.traces import load_trace
+    from analysis.platform.paths import repo_root
+
+    source = repo_root() / MOONCAKE
+    monkeypatch.setenv("PREFIX_CACHE_LAB_ROOT", str(tmp_path))
+    (tmp_path / "data" / "external" / "mooncake").mkdir(parents=True)
+    (tmp_path / MOONCAKE).write_bytes(source.read_bytes())
+    body = (
+        f"[[series]]\nname='m'\ntraces=['{MOONCAKE}']\nblockhash_block_size=512\n"
+        "engines=['replay']\nblock_sizes=[512]\nnum_blocks=[100]\nlimit=40\n"
+        "max_model_len=32768\n"
+    )
+    (point,) = sweeps.grid_points(write_grid(tmp_path, body))
+    converted = point.config.trace
+    assert converted.startswith(str(tmp_path / "data" / "cache" / "blockhash"))
+    assert converted.endswith("-first40.parquet")
+    assert point.point_id.startswith("m-conversation_trace-b512-")
+    frame, report = load_blockhash_trace(tmp_path / MOONCAKE, 512)
+    frame = frame.head(40)  # one conversation per request: no session ids
+    tokens = load_trace(converted)
+    assert report.malformed == 0 and len(tokens) == len(frame)
+    assert (tokens["prompt_tokens"] == frame["input_length"]).all()
+    # equal hash ids at equal positions are equal token blocks: every request opens with id 0
+    first = {tuple(ids[:512]) for ids in tokens["prompt_ids"].head(50)}
+    assert len(first) == 1 and (frame["hash_ids"].head(50).map(lambda h: h[0]) == 0).all()
+    assert sweeps.grid_points(write_grid(tmp_path, body))[0].config.trace == converted
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("", "give blockhash_block_size, its own block size"),
+        ("blockhash_block_size=0\n", "its own"),
+    ],
+)
+def test_a_block_hash_trace_without_its_block_size_is_one_line(tmp_path, extra, message):
+    from analysis.platform.paths import repo_root
+
+    body = (
+        f"[[series]]\nname='m'\ntraces=['{repo_root() / MOONCAKE}']\n{extra}"
+        "engines=['replay']\nblock_sizes=[512]\nnum_blocks=[100]\n"
+    )
+    with pytest.raises(GridError, match=message):
+        sweeps.grid_points(write_grid(tmp_path, body))
+
+
+def test_the_mooncake_grids_expand():
+    points = sweeps.grid_points("fleet-mooncake")
+    assert {p.config.replicas for p in points} == {1, 2, 4, 8}
+    assert all(p.config.num_blocks * p.config.replicas == 4096 for p in points)
+    assert all(p.config.num_blocks >= p.config.min_num_blocks for p in points)
+    assert points[0].config.trace.endswith(f"-first{points[0].config.limit}.parquet")
+    full = sweeps.load_grid("fleet-mooncake-full")  # expanding it converts the whole trace
+    assert "limit" not in full["base"] and len(full["series"]) == 4

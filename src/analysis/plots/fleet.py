@@ -24,9 +24,10 @@ ROUTER_STYLES = dict(
 )
 
 
-def routers_by_replicas_figure(table: pd.DataFrame) -> Figure:
-    """Hit rate and load imbalance against the number of replicas, one line per router."""
-    rows = table[table["series"] == "routers"]
+def routers_by_replicas_figure(table: pd.DataFrame, series: str = "routers") -> Figure:
+    """Hit rate and load imbalance against the number of replicas, one line per router, for
+    the grid's `series`."""
+    rows = table[table["series"] == series]
     fig, (rate_ax, load_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
     routers = [r for r in ROUTER_ORDER if r in set(rows["router"])]
     routers += sorted(set(rows["router"]) - set(routers))

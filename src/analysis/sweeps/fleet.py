@@ -84,6 +84,60 @@ def routers_reading(table: pd.DataFrame) -> str:
     return " ".join(text)
 
 
+def _compare(a: float, b: float) -> str:
+    """How `a` stands to `b` in words (rates to a tenth of a percentage point, as printed)."""
+    a, b = round(100 * a, 1), round(100 * b, 1)
+    return "equal to" if a == b else "above" if a > b else "below"
+
+
+def sessionless_reading(table: pd.DataFrame, series: str = "mooncake") -> str:
+    """The reading of the Mooncake figure (a trace without session ids), every number from
+    `table`."""
+    rows = table[table["series"] == series]
+    most = int(rows["replicas"].max())
+    one = rows[rows["replicas"] == 1].iloc[0]
+    last = rows[rows["replicas"] == most].sort_values("delivered", ascending=False)
+    best, worst = last.iloc[0], last.iloc[-1]
+    spread, hashed = _at(rows, "round-robin", most), _at(rows, "affinity", most)
+    precise = _at(rows, "precise-prefix", most)
+    standing = _compare(hashed["routed_ideal"], spread["routed_ideal"])
+    skipped = (
+        f" ({int(one['skipped']):,} of them longer than the {int(one['max_model_len']):,}-token "
+        "context, skipped and counted)"
+        if one["skipped"]
+        else ""
+    )
+    return (
+        f"**Mooncake.** On the first {int(one['requests']):,} requests of Mooncake's "
+        f"conversation trace{skipped}, one infinite cache reuses {_pct(one['ideal'])} of prompt "
+        f"tokens and one replica of {int(one['total_blocks']):,} blocks delivers "
+        f"{_pct(one['delivered'])}. Split over {most} replicas, {best['router']} delivers "
+        f"{_pct(best['delivered'])} and {worst['router']} {_pct(worst['delivered'])}. The trace "
+        "has no session ids, so affinity hashes every request on its own: its routed ideal, "
+        f"{_pct(hashed['routed_ideal'])}, is {standing} "
+        f"round-robin's, {_pct(spread['routed_ideal'])}. The precise prefix router finds shared "
+        f"prefixes from the replicas' KV events instead: its routed ideal is "
+        f"{_pct(precise['routed_ideal'])} and it delivers {_pct(precise['delivered'])}, at a load "
+        f"imbalance of {precise['load_imbalance_mean']:.2f}." + _collapse_sentence(rows)
+    )
+
+
+def _collapse_sentence(rows: pd.DataFrame) -> str:
+    """What the approximate prefix router did when it sent every request to one replica."""
+    collapsed = rows[(rows["router"] == "approx-prefix") & (rows["replicas"] > 1)]
+    if (
+        not len(collapsed)
+        or (collapsed["load_imbalance_mean"] < collapsed["replicas"] - 1e-9).any()
+    ):
+        return ""
+    most = collapsed.loc[collapsed["replicas"].idxmax()]
+    return (
+        " As on ShareGPT, the approximate prefix router sent every request to one replica at "
+        f"every N > 1 (imbalance = N) and delivered {_pct(most['delivered'])} at "
+        f"{int(most['replicas'])} replicas."
+    )
+
+
 def beta_reading(table: pd.DataFrame) -> str:
     """The reading of the trade-off figure, every number from `table`."""
     rows = table[table["series"] == "beta"].copy()
@@ -108,28 +162,16 @@ def beta_reading(table: pd.DataFrame) -> str:
     )
 
 
-def fleet_checks(table: pd.DataFrame):
-    """The claims notebook 13 makes, each measured on `table`."""
+def fleet_checks(table: pd.DataFrame, sessionless: pd.DataFrame | None = None):
+    """The claims notebook 13 makes, each measured on `table` (and on the `sessionless`
+    Mooncake table, when given: the checks that do not need sessions)."""
     from analysis.metrics.oracles import Checks
 
     checks = Checks()
+    _bound_checks(checks, table, "routers", "")
+    if sessionless is not None:
+        _bound_checks(checks, sessionless, "mooncake", "Mooncake: ")
     rows = table[table["series"] == "routers"]
-    single = rows[rows["replicas"] == 1]
-    checks.add(
-        "one replica: every router delivers the same hit rate",
-        1,
-        int(single["delivered"].round(12).nunique()),
-    )
-    checks.add(
-        "no run delivers more than its routed ideal",
-        len(table),
-        int((table["delivered"] <= table["routed_ideal"] + 1e-9).sum()),
-    )
-    checks.add(
-        "no routed ideal exceeds the single-cache ideal",
-        len(table),
-        int((table["routed_ideal"] <= table["ideal"] + 1e-9).sum()),
-    )
     spread = rows[rows["router"] == "round-robin"].sort_values("replicas")["routed_ideal"]
     checks.add(
         "round-robin's routed ideal falls as replicas grow",
@@ -143,3 +185,24 @@ def fleet_checks(table: pd.DataFrame):
         bool((kept["routed_ideal"] >= 0.99 * kept["ideal"]).all()),
     )
     return checks
+
+
+def _bound_checks(checks, table: pd.DataFrame, series: str, label: str) -> None:
+    """What holds on any trace: one replica is one engine whatever the router, and no run
+    beats its routed ideal, nor a routed ideal the single-cache ideal."""
+    single = table[(table["series"] == series) & (table["replicas"] == 1)]
+    checks.add(
+        f"{label}one replica: every router delivers the same hit rate",
+        1,
+        int(single["delivered"].round(12).nunique()),
+    )
+    checks.add(
+        f"{label}no run delivers more than its routed ideal",
+        len(table),
+        int((table["delivered"] <= table["routed_ideal"] + 1e-9).sum()),
+    )
+    checks.add(
+        f"{label}no routed ideal exceeds the single-cache ideal",
+        len(table),
+        int((table["routed_ideal"] <= table["ideal"] + 1e-9).sum()),
+    )
