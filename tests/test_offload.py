@@ -114,3 +114,48 @@ def test_the_offload_table_reading_and_checks():
     offload_checks(table).assert_all()
     reading = offload_reading(table)
     assert "stops helping" in reading and f"{100 * table.loc[2, 'total']:.1f} %" in reading
+
+
+def test_the_offload_table_is_kept_and_read_back_whole(tmp_path, monkeypatch):
+    from analysis.sweeps.offload import cached_offload_table
+
+    monkeypatch.setenv("PREFIX_CACHE_LAB_ROOT", str(tmp_path))
+    settings = dict(gpu_blocks=40, clients=6, multiples=(0, 4), max_model_len=512)
+    table, path = cached_offload_table(TRACE, **settings)
+    assert path.is_file() and path.parent == tmp_path / "data" / "results" / "offload"
+    again, same = cached_offload_table(TRACE, **settings)
+    assert same == path
+    assert again.equals(table)
+    assert again.attrs == table.attrs  # the multiples come back as int keys
+    other, elsewhere = cached_offload_table(TRACE, **{**settings, "multiples": (0, 1)})
+    assert elsewhere != path and list(other["multiple"]) == [0, 1]
+
+
+def test_prefill_time_saved_is_tokens_over_the_rate():
+    import pandas as pd
+
+    from analysis.sweeps.offload import prefill_time_reading, prefill_time_saved
+
+    table = pd.DataFrame(
+        {
+            "multiple": [2, 0, 1],
+            "cpu_blocks": [80, 0, 40],
+            "computed_prompt_tokens": [400, 1000, 700],
+        }
+    )
+    saved = prefill_time_saved(table, 100.0)
+    assert saved["tokens_saved"].tolist() == [0, 300, 600]
+    assert saved["prefill_s_saved_derived"].tolist() == [0.0, 3.0, 6.0]
+    assert saved["share_of_prefill_saved"].iloc[-1] == pytest.approx(0.6)
+    reading = prefill_time_reading(saved, 100.0, "a test rate")
+    assert "Derived, not measured" in reading and "600 tokens, 6.0 s (60.0 %)" in reading
+    with pytest.raises(ValueError, match="prefill_tok_s=0"):
+        prefill_time_saved(table, 0)
+
+
+def test_a_setting_that_does_not_exist_is_named():
+    from analysis.sweeps.offload import setting
+
+    assert setting("large").gpu_blocks == 2800
+    with pytest.raises(ValueError, match="setting='huge': choose one of default, large"):
+        setting("huge")

@@ -13,8 +13,8 @@ GPU_COLOR, CPU_COLOR = "#4C72B0", "#DD8452"
 
 
 def hit_rate_by_tier_figure(table: pd.DataFrame) -> Figure:
-    """Stacked bars (GPU hits, CPU hits) per CPU multiple, with the two-level LRU bounds (total
-    and GPU tier) as lines at the same sizes."""
+    """Stacked bars (GPU hits, CPU hits) per CPU multiple, with the two-level bounds (LRU: total
+    and GPU tier; Belady's MIN on the GPU over LRU: total) as lines at the same sizes."""
     rows = table.sort_values("multiple")
     x = np.arange(len(rows))
     fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -30,6 +30,15 @@ def hit_rate_by_tier_figure(table: pd.DataFrame) -> Figure:
         x, rows["bound_total"], "k--", marker="o", label="bound: both tiers (LRU, write-through)"
     )
     ax.plot(x, rows["bound_gpu"], color=GPU_COLOR, ls=":", marker="s", label="bound: GPU tier")
+    if "bound_opt_total" in rows:
+        ax.plot(
+            x,
+            rows["bound_opt_total"],
+            color="0.45",
+            ls="-.",
+            marker="^",
+            label="bound: both tiers, Belady's MIN on the GPU",
+        )
     gpu = table.attrs.get("gpu_blocks")
     ax.set_xticks(
         x,

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from analysis import serving
+from analysis.serving.model_names import DEFAULT_CPU_MODEL
 from analysis.serving.stats import STEADY_STATE_WAVES
 
 MIB = 1 << 20
@@ -167,6 +168,20 @@ def plan(
     estimate = requests * study.repeats * sum(cal.request_s(u, o, c) for u, o, c in cells)
     timeout = max(cal.timeout_s(u + study.suffix_tokens, o, c) for u, o, c in cells)
     return Plan(cal, requests, estimate, timeout, "conversations" if conversations else "requests")
+
+
+def profile_calibration(profile: str = "cpu") -> tuple[serving.Calibration, str]:
+    """The calibration of `profile`'s caching-off server and a phrase saying what it is, for
+    turning tokens into time elsewhere: the cached one when notebook 08 has run with this
+    profile, else measured now (which starts the profile's servers)."""
+    study = params(profile)
+    with serving.ServerPair() as pair:
+        cal = serving.calibration(pair, study.bench())
+    model = study.model or DEFAULT_CPU_MODEL
+    return cal, (
+        f"the calibration of the {profile!r} profile's caching-off vLLM server on this machine, "
+        f"model {model}, {cal.probe_tokens:,}-token probes"
+    )
 
 
 def synthetic_cells(study: StudyParams) -> list[tuple[int, int, int]]:
