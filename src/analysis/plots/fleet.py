@@ -45,12 +45,13 @@ def routers_by_replicas_figure(table: pd.DataFrame, series: str = "routers") -> 
         ax.get_xaxis().set_major_formatter(plt.ScalarFormatter())
         ax.set_xlabel("replicas (equal total KV blocks)")
     percent_axis(rate_ax)
-    rate_ax.set_ylim(0, 1)
+    top = max(float(ideal.max()), float(rows["delivered"].max()))
+    rate_ax.set_ylim(0, min(1.0, 1.25 * top))  # a trace with little reuse still reads
     rate_ax.set_ylabel("first-prefill hit rate (tokens)")
     rate_ax.set_title("Hit rate by router as the same memory is split")
     load_ax.set_ylabel("load imbalance: max / mean running requests")
     load_ax.set_title("Load imbalance by router (mean over steps)")
-    rate_ax.legend(fontsize=8, loc="lower left")
+    rate_ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     return fig
 
