@@ -21,17 +21,22 @@ def config_for(gpu_blocks: int) -> RunConfig:
     return RunConfig(block_size=BLOCK, num_blocks=gpu_blocks, max_model_len=512, concurrency=6)
 
 
-def run_full(gpu_blocks: int, cpu_blocks: int, policy: str = "lru"):
+def run_full(gpu_blocks: int, cpu_blocks: int, policy: str = "lru", prompt_only: bool = True):
     from analysis.engines.offload import run_offload
 
     config = config_for(gpu_blocks)
     return run_offload(
-        build_workload(TRACE, config), config, config_model(config), cpu_blocks, policy
+        build_workload(TRACE, config),
+        config,
+        config_model(config),
+        cpu_blocks,
+        policy,
+        prompt_only=prompt_only,
     )
 
 
-def run(gpu_blocks: int, cpu_blocks: int, policy: str = "lru"):
-    return run_full(gpu_blocks, cpu_blocks, policy).counts
+def run(gpu_blocks: int, cpu_blocks: int, policy: str = "lru", prompt_only: bool = True):
+    return run_full(gpu_blocks, cpu_blocks, policy, prompt_only).counts
 
 
 @pytest.fixture(scope="module")
@@ -159,3 +164,16 @@ def test_a_setting_that_does_not_exist_is_named():
     assert setting("large").gpu_blocks == 2800
     with pytest.raises(ValueError, match="setting='huge': choose one of default, large"):
         setting("huge")
+
+
+def test_storing_replies_too_is_vllms_own_switch():
+    """`prompt_only=False` turns vLLM's `offload_prompt_only` off: the connector then stores
+    reply blocks as well, so it stores more, and the table reports that run."""
+    from analysis.sweeps.offload import offload_reading, offload_table
+
+    prompts, both = run(40, 5000), run(40, 5000, prompt_only=False)
+    assert both.stored_blocks > prompts.stored_blocks
+    table = offload_table(TRACE, gpu_blocks=40, clients=6, multiples=(0, 4), max_model_len=512)
+    replies = table.attrs["replies_stored"]
+    assert replies["multiple"] == 4 and replies["stored_blocks"] > table.loc[1, "stored_blocks"]
+    assert "with replies stored too, the 4x run gives" in offload_reading(table)

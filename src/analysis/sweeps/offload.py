@@ -45,7 +45,7 @@ COLUMNS = [
     "computed_prompt_tokens",
 ]
 FLAT_TOLERANCE = 0.01  # "stops helping": within 1 percentage point of the largest CPU's total
-TABLE_VERSION = 2  # bump when a column or its meaning changes: cached tables are then recomputed
+TABLE_VERSION = 3  # bump when a column or its meaning changes: cached tables are then recomputed
 
 
 @dataclass(frozen=True)
@@ -82,11 +82,14 @@ def offload_table(
     eviction_policy: str = "lru",
     include_outputs: bool = True,
     compare_replay: bool = True,
+    compare_replies: bool = True,
 ) -> pd.DataFrame:
     """One row per CPU multiple: the run's hit rates by tier, the bounds at the same sizes, and
     the connector's transfers (columns `COLUMNS`). `trace` is the frame replayed (already
     limited). `table.attrs` keeps the settings, and with `compare_replay` the first-prefill hit
-    tokens of plain `replay` (`analysis.runs.run`) on the same trace and GPU, for the checks."""
+    tokens of plain `replay` (`analysis.runs.run`) on the same trace and GPU, for the checks;
+    with `compare_replies` the largest CPU run again with reply blocks stored too (vLLM's
+    `offload_prompt_only` off; the bounds keep replies), under "replies_stored"."""
     from analysis.engines.config import RunConfig
     from analysis.engines.offload import run_offload
     from analysis.engines.vllm_args import config_model
@@ -163,6 +166,18 @@ def offload_table(
     }
     if compare_replay:
         table.attrs["replay_gpu_hit_tokens"] = replay_first_prefill_hits(trace, config)
+    if compare_replies and multiples[-1] > 0:
+        top = multiples[-1]
+        replies = run_offload(
+            workload, config, model, top * gpu_blocks, eviction_policy, prompt_only=False
+        ).counts
+        table.attrs["replies_stored"] = {
+            "multiple": top,
+            "gpu_hit_rate": replies.gpu_hit_rate,
+            "cpu_hit_rate": replies.cpu_hit_rate,
+            "total": replies.gpu_hit_rate + replies.cpu_hit_rate,
+            "stored_blocks": replies.stored_blocks,
+        }
     return table
 
 
@@ -220,9 +235,13 @@ def cached_offload_table(trace: pd.DataFrame, *, force: bool = False, **settings
 def _attrs_from_json(attrs: dict[str, Any]) -> dict[str, Any]:
     """JSON keeps a dict's integer keys (the CPU multiples) as text: give them back as ints."""
     return {
-        name: {int(k): v for k, v in value.items()} if isinstance(value, dict) else value
+        name: {_int_key(k): v for k, v in value.items()} if isinstance(value, dict) else value
         for name, value in attrs.items()
     }
+
+
+def _int_key(key: str) -> int | str:
+    return int(key) if key.isdigit() else key
 
 
 def prefill_time_saved(table: pd.DataFrame, prefill_tok_s: float) -> pd.DataFrame:
@@ -316,6 +335,7 @@ def offload_reading(table: pd.DataFrame) -> str:
             "than that adds little, while vLLM's GPU also holds the running requests and keeps "
             "far fewer; the bound is a reference, not a ceiling, until the CPU outgrows that gap. "
         )
+    text.append(_replies_sentence(rows, attrs))
     if stored:
         text.append(
             f"Write-through costs transfers: over the runs with a CPU, "
@@ -325,6 +345,30 @@ def offload_reading(table: pd.DataFrame) -> str:
             f"(against {int(base['computed_prompt_tokens']):,} at {int(base['multiple'])}x)."
         )
     return "".join(text)
+
+
+def _replies_sentence(rows: pd.DataFrame, attrs: dict[str, Any]) -> str:
+    """How much of the gap between the largest CPU and its bound storing replies closes."""
+    replies = attrs.get("replies_stored")
+    if not replies:
+        return ""
+    top = rows[rows["multiple"] == replies["multiple"]].iloc[0]
+    gap = float(top["bound_total"] - top["total"])
+    closed = replies["total"] - float(top["total"])
+    share = closed / gap if gap > 0 else 0.0
+    verdict = (
+        "most of the gap to the bound is the replies vLLM does not store by default"
+        if share > 0.5
+        else "the replies vLLM does not store by default are not most of the gap to the bound"
+    )
+    return (
+        f"By default vLLM stores prompt blocks only (`offload_prompt_only`), while the bounds "
+        f"keep replies, which a later turn's prompt repeats; with replies stored too, the "
+        f"{int(top['multiple'])}x run gives {_pct(replies['gpu_hit_rate'])} GPU + "
+        f"{_pct(replies['cpu_hit_rate'])} CPU = {_pct(replies['total'])} against "
+        f"{_pct(top['total'])} by default and the bound's {_pct(top['bound_total'])}, closing "
+        f"{_pct(share)} of the gap: {verdict}. "
+    )
 
 
 def offload_checks(table: pd.DataFrame) -> Checks:

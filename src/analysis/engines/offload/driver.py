@@ -118,9 +118,13 @@ class _Ledger:
         self.unread.clear()
 
 
-def offload_kv_transfer_config(cpu_bytes: int, eviction_policy: str) -> Any:
+def offload_kv_transfer_config(
+    cpu_bytes: int, eviction_policy: str, prompt_only: bool = True
+) -> Any:
     """The `kv_transfer_config` that `kv_offloading_size` makes (`VllmConfig.
-    _post_init_kv_transfer_config`), with the CPU size in bytes rather than GiB."""
+    _post_init_kv_transfer_config`), with the CPU size in bytes rather than GiB.
+    `prompt_only=False` also stores reply blocks (the connector's `offload_prompt_only`,
+    True by default)."""
     from vllm.config import KVTransferConfig
 
     return KVTransferConfig(
@@ -129,6 +133,7 @@ def offload_kv_transfer_config(cpu_bytes: int, eviction_policy: str) -> Any:
         kv_connector_extra_config={
             "cpu_bytes_to_use": cpu_bytes,
             "eviction_policy": eviction_policy,
+            "offload_prompt_only": prompt_only,
         },
     )
 
@@ -153,7 +158,11 @@ def cpu_block_bytes(config: RunConfig, model: ResolvedModel) -> int:
 
 
 def build_offload_scheduler(
-    config: RunConfig, model: ResolvedModel, cpu_blocks: int, eviction_policy: str = "lru"
+    config: RunConfig,
+    model: ResolvedModel,
+    cpu_blocks: int,
+    eviction_policy: str = "lru",
+    prompt_only: bool = True,
 ) -> ReplayEngine:
     """`replay`'s engine (`build_replay_engine`) with the OffloadingConnector's scheduler half
     and `cpu_blocks` CPU blocks: the same construction, plus the `kv_transfer_config`."""
@@ -165,7 +174,7 @@ def build_offload_scheduler(
     if cpu_blocks < 1:
         raise ConfigError(f"cpu_blocks={cpu_blocks}: give at least 1 CPU block")
     transfer = offload_kv_transfer_config(
-        cpu_blocks * cpu_block_bytes(config, model), eviction_policy
+        cpu_blocks * cpu_block_bytes(config, model), eviction_policy, prompt_only
     )
     return build_replay_engine(config, model, extra_kwargs={"kv_transfer_config": transfer})
 
@@ -245,6 +254,7 @@ def run_offload(
     model: ResolvedModel,
     cpu_blocks: int,
     eviction_policy: str = "lru",
+    prompt_only: bool = True,
 ) -> OffloadRun:
     """Replay `workload` through vLLM's scheduler with `cpu_blocks` blocks of CPU offloading.
 
@@ -255,7 +265,7 @@ def run_offload(
         raise ConfigError(f"cpu_blocks={cpu_blocks}: give 0 (no offloading) or more CPU blocks")
     counts = OffloadCounts(cpu_blocks=cpu_blocks, eviction_policy=eviction_policy)
     if cpu_blocks:
-        engine = build_offload_scheduler(config, model, cpu_blocks, eviction_policy)
+        engine = build_offload_scheduler(config, model, cpu_blocks, eviction_policy, prompt_only)
     else:
         engine = build_replay_engine(config, model)
     scheduler = engine.scheduler
