@@ -177,3 +177,16 @@ def test_storing_replies_too_is_vllms_own_switch():
     replies = table.attrs["replies_stored"]
     assert replies["multiple"] == 4 and replies["stored_blocks"] > table.loc[1, "stored_blocks"]
     assert "with replies stored too, the 4x run gives" in offload_reading(table)
+
+
+def test_with_replies_stored_a_cpu_that_never_evicts_gives_the_ideal():
+    """Every block vLLM computes, reply blocks included, goes to a CPU that keeps them all, so
+    the two tiers together hit exactly what an infinite cache hits in the engine's order. It
+    fails if the connector's scheduler half misses blocks allocated after a request's first
+    step (the payload the replay engine skips without a connector)."""
+    result = run_full(40, 5000, prompt_only=False)
+    ordered = bounds.in_engine_order(TRACE, result.admissions)
+    ideal = bounds.ideal_bound(bounds.index_trace(ordered, include_outputs=True), BLOCK)
+    counts = result.counts
+    assert counts.preemptions > 0 and counts.evicted_blocks == 0  # the GPU is what evicts
+    assert counts.gpu_hit_tokens + counts.cpu_hit_tokens == ideal.hit_tokens

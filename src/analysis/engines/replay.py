@@ -102,7 +102,8 @@ def build_replay_engine(
         hash_block_size=hash_block_size,
         log_stats=True,
     )
-    skip_model_runner_payload(scheduler)
+    if scheduler.connector is None:  # a KV connector's scheduler half reads the payload
+        skip_model_runner_payload(scheduler)
     hash_fn = get_hash_fn_by_name(vllm_config.cache_config.prefix_caching_hash_algo)
     init_none_hash(hash_fn)
     return ReplayEngine(
@@ -116,7 +117,9 @@ def build_replay_engine(
 
 def skip_model_runner_payload(scheduler: Any) -> None:
     """No model runner reads `scheduled_cached_reqs`: skip building it (a copy of every
-    token of each resumed request). `_make_cached_request_data` only builds that payload."""
+    token of each resumed request). `_make_cached_request_data` only builds that payload.
+    Not with a KV connector: its scheduler half (the OffloadingConnector's) learns the blocks
+    allocated after a request's first step (the next prefill chunk, decode) from it."""
     from vllm.v1.core.sched.output import CachedRequestData
 
     def empty_cached_request_data(*args: Any, **kwargs: Any) -> Any:
