@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -204,7 +205,9 @@ def replay_first_prefill_hits(trace: pd.DataFrame, config: Any) -> int:
     return int(first["tokens_hit"].sum())
 
 
-def cached_offload_table(trace: pd.DataFrame, *, force: bool = False, **settings: Any):
+def cached_offload_table(
+    trace: pd.DataFrame, *, force: bool = False, **settings: Any
+) -> tuple[pd.DataFrame, Path]:
     """`offload_table(trace, **settings)`, kept under data/results/offload/ (Parquet, with the
     settings and the table's attributes beside it in JSON) by the trace's content and the
     settings: a re-run re-plots without replaying, and the table is on disk for other tools.
