@@ -3,9 +3,9 @@
 For one trace, one GPU of `gpu_blocks` KV blocks and `clients` closed-loop clients, each CPU
 multiple m runs `engines.offload.run_offload` with m x `gpu_blocks` CPU blocks (m = 0: the same
 loop on `replay`'s scheduler without the connector, no CPU tier at all). Beside each run sit the
-two-level bounds (`metrics.bounds.tier_bounds`, vLLM's write-through LRU, policy "lru") at the
-same GPU and CPU sizes, computed in engine order: the trace reordered as the run with the largest
-CPU admitted it (`bounds.in_engine_order`).
+two-level bounds (`metrics.bounds.tier_bounds`: vLLM's write-through LRU, policy "lru", and
+Belady's MIN on the GPU over it, "opt-lru") at the same GPU and CPU sizes, computed in engine
+order: the trace reordered as the run with the largest CPU admitted it (`bounds.in_engine_order`).
 
 A bound's GPU capacity is not the engine's `num_blocks`. The bound counts blocks kept between
 requests; the engine's `num_blocks` also holds the blocks of the requests running at that moment
