@@ -132,6 +132,22 @@ def test_dilution_test_predicts_the_mixture_from_the_measured_hit_share():
     )
 
 
+def test_a_dilution_interval_wider_than_the_model_range_tests_nothing():
+    from analysis.serving.writeup import dilution_verdict
+
+    d = {
+        "ttft_hit_s": 0.3,
+        "ttft_miss_s": 1.6,
+        "predicted_ttft_s": 0.95,
+        "measured_lo_s": 0.8,
+        "measured_hi_s": 1.1,
+    }
+    assert dilution_verdict(d) == "reproduced"
+    assert dilution_verdict({**d, "measured_lo_s": 1.0}) == "prediction outside the interval"
+    wide = {**d, "measured_lo_s": 0.467, "measured_hi_s": 2.265}  # 1.8 s wide, range 1.3 s
+    assert dilution_verdict(wide).startswith("not tested: the interval (1.798 s wide)")
+
+
 def test_token_mixture_uses_the_prefill_line_of_the_caching_off_run():
     off = pd.concat([_requests([[0.1 + 0.001 * n]], prompt=n) for n in (100, 500, 900)])
     on = _requests([[0.1 + 0.001 * 100]], cached=[[800]], prompt=900)
