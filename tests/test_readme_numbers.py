@@ -181,7 +181,13 @@ def test_tables_are_read_by_column_and_rates_keep_their_digits() -> None:
     assert readme.pct("0.011") == "1.1 %"
 
 
-def test_the_overhead_reading_follows_the_sign() -> None:
-    assert readme.overhead_reading("1.017", "1.034").startswith("caching on faster")
-    assert readme.overhead_reading("0.95", "0.98").startswith("caching on slower")
-    assert "includes 1" in readme.overhead_reading("0.986", "1.012")
+def test_the_overhead_verdict_follows_the_sign_and_the_drift_between_runs() -> None:
+    from analysis.serving.intervals import Interval, overhead_verdict
+
+    steady = [1.0, 1.0, 1.01, 0.99]  # caching off barely drifts across fractions
+    assert overhead_verdict(Interval(1.02, 1.017, 1.034), steady).startswith("caching on faster")
+    assert overhead_verdict(Interval(0.96, 0.95, 0.98), steady).startswith("caching on slower")
+    assert "includes 1" in overhead_verdict(Interval(1.0, 0.986, 1.012), steady)
+    drifting = [0.678, 0.675, 0.652, 0.636, 0.499, 0.639]  # the same work, 0.77-1.04x
+    within = overhead_verdict(Interval(0.895, 0.858, 0.932), drifting)
+    assert within.startswith("within the drift between runs") and "0.77-1.05x" in within

@@ -23,14 +23,13 @@ from pathlib import Path
 from analysis.platform.paths import repo_root
 from analysis.report import readme_sections as sections
 from analysis.report.notebook_outputs import SourceError, parse_table
-from analysis.report.readme_sections import overhead_reading, pct
+from analysis.report.readme_sections import pct
 
 __all__ = [
     "SECTIONS",
     "Block",
     "SourceError",
     "blocks",
-    "overhead_reading",
     "parse_table",
     "pct",
     "readme_path",

@@ -8,7 +8,6 @@ intervals) say so by their wording. Every line names the notebook and cell it re
 
 from __future__ import annotations
 
-import math
 import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,7 +25,6 @@ from analysis.report.notebook_outputs import (
     statistic,
     statistic_label,
 )
-from analysis.serving.intervals import Interval, ratio_verdict
 
 STUDY = "figures/cpu-study"
 # The p95 TTFT target of the "throughput at a latency target" line (seconds): a reading choice.
@@ -74,16 +72,6 @@ def _numbers(values: Sequence[int | str]) -> str:
 
 def _clients(count: int) -> str:
     return f"{count} client{'s' if count != 1 else ''}"
-
-
-def overhead_reading(low: str, high: str) -> str:
-    """What an on/off requests/s interval at a 0 % hit rate says, sign included."""
-    reading = ratio_verdict(
-        Interval(math.nan, float(low), float(high)),
-        above="caching on faster: no overhead shows (an overhead would put the ratio below 1)",
-        below="caching on slower: an overhead beyond noise",
-    )
-    return "the interval includes 1: " + reading if reading.startswith("no ") else reading
 
 
 # -- hit rates (notebooks 05 and 06) ------------------------------------------------------------
@@ -271,10 +259,10 @@ def study_scale(root: Path) -> str:
 
 def report_overhead(root: Path) -> str:
     outputs = Outputs(root, "notebooks/11-seed-004-engine-comparisons.ipynb")
-    zero, at = _zero_share(outputs)
+    zero, verdict, at = _zero_share(outputs)
     return (
         f"`make report`'s run of notebook 11: requests/s on / off at 0 % shared "
-        f"{zero.text('')}, {overhead_reading(zero.low, zero.high)} ({cite(at)})."
+        f"{zero.text('')}, {verdict} ({cite(at)})."
     )
 
 
@@ -421,23 +409,21 @@ def _conversations(root: Path) -> list[str]:
     ]
 
 
-def _zero_share(outputs: Outputs) -> tuple[Stat, Source]:
-    """Requests/s on / off at 0 % shared, in either printed form ("1.025 [1.017-1.034]" or
-    "1.025 (95 % interval 1.017-1.034)")."""
-    found, at = outputs.match(
-        r"on / off at 0 % shared: ([\d.]+) (?:\[|\(95 % interval )([\d.]+)-([\d.]+)"
-    )
-    return Stat(found.group(1), found.group(2), found.group(3)), at
+def _zero_share(outputs: Outputs) -> tuple[Stat, str, Source]:
+    """Requests/s on / off at 0 % shared ("1.025 [1.017-1.034]") and the verdict notebook 11
+    printed beside it (`analysis.serving.intervals.overhead_verdict`)."""
+    found, at = outputs.match(r"on / off at 0 % shared: ([\d.]+) \[([\d.]+)-([\d.]+)\]: (.+)$")
+    return Stat(found.group(1), found.group(2), found.group(3)), found.group(4).strip(), at
 
 
 def _seed_004(root: Path) -> list[str]:
     outputs = Outputs(root, f"{STUDY}/11-seed-004-engine-comparisons.ipynb")
-    zero, zero_at = _zero_share(outputs)
+    zero, verdict, zero_at = _zero_share(outputs)
     sweep, sweep_at = outputs.table("fraction", "cache", "no_cache", "speedup", "cache_hit_rate")
     full = max(sweep, key=lambda r: float(r["fraction"]))
     return [
         f"- Seed 004's sweep ({len(sweep)} shared fractions, offline engine): requests/s on / "
-        f"off at 0 % shared {zero.text('')}, {overhead_reading(zero.low, zero.high)} "
+        f"off at 0 % shared {zero.text('')}, {verdict} "
         f"({cite(zero_at)}); at {float(full['fraction']) * 100:g} % shared {full['cache']} vs "
         f"{full['no_cache']} requests/s, {full['speedup']}x, realized hit rate "
         f"{pct(full['cache_hit_rate'])} ({cite(sweep_at)}).",

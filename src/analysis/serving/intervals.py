@@ -8,6 +8,8 @@ A module of its own, below the statistics and the write-up that both use it.
 from __future__ import annotations
 
 import math
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -71,3 +73,35 @@ def ratio_verdict(ratio: Interval, *, above: str, below: str) -> str:
     if verdict == "not distinguishable":
         return "no difference beyond noise"
     return above if verdict == "higher" else below
+
+
+def drift_band(same_work_rates: Sequence[float]) -> tuple[float, float]:
+    """How far runs doing the same work drift apart: their lowest and highest rate as ratios
+    to their median."""
+    rates = sorted(float(r) for r in same_work_rates if math.isfinite(float(r)))
+    if not rates:
+        return math.nan, math.nan
+    middle = statistics.median(rates)
+    return rates[0] / middle, rates[-1] / middle
+
+
+def overhead_verdict(ratio: Interval, same_work_rates: Sequence[float]) -> str:
+    """Requests/s on / off at a 0 % hit rate, read with its sign and against the drift between
+    runs. The interval resamples the batches of one run per mode, so it misses how far two runs
+    of one setting drift apart; caching off does the same work at every shared fraction, and its
+    spread across them (`same_work_rates`) measures that drift. A ratio inside it is no
+    overhead and no gain."""
+    reading = ratio_verdict(
+        ratio,
+        above="caching on faster: no overhead shows (an overhead would put the ratio below 1)",
+        below="caching on slower: an overhead beyond noise",
+    )
+    if reading.startswith("no "):
+        return "the interval includes 1: " + reading
+    low, high = drift_band(same_work_rates)
+    if math.isfinite(ratio.value) and low <= ratio.value <= high:
+        return (
+            f"within the drift between runs: caching off alone, the same work at every shared "
+            f"fraction, ran at {low:.2f}-{high:.2f}x its median, so no overhead shows"
+        )
+    return reading

@@ -15,12 +15,12 @@ from typing import Any
 import pandas as pd
 
 from analysis import serving
+from analysis.serving import intervals
 from analysis.serving import stats as serving_stats
 from analysis.serving.intervals import (
     VERDICT_TEXT,
     Interval,
     compare,
-    ratio_verdict,
     verdict_text,
 )
 from analysis.serving.study import THRASH, StudyParams
@@ -352,11 +352,8 @@ def overhead_verdict(facts: Facts) -> str:
     is caching on faster, which is no overhead at all."""
     if sweep_disturbed(facts):
         return "implausible: load from other jobs fell on one mode; re-run notebook 11 quiet"
-    return ratio_verdict(
-        Interval(*facts.overhead_at_zero),
-        above="no overhead: caching on was faster, a difference between runs, not a cost",
-        below="a measurable overhead: caching on was slower",
-    )
+    same_work = facts.sweep.get("no_cache", pd.Series(dtype=float))
+    return intervals.overhead_verdict(Interval(*facts.overhead_at_zero), same_work)
 
 
 def decision_markdown(facts: Facts) -> str:
