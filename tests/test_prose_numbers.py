@@ -2,9 +2,9 @@
 
 `analysis.report.prose` finds the numbers of each markdown cell and looks for each one, at its
 printed precision, among the numbers of the notebook's outputs and code. One case per
-committed notebook (the serving notebooks' cases are expected to fail until they are
-rewritten), unit tests of the parser and the matcher, and a made-up number injected into a
-copy of a real notebook, which the check must report.
+committed notebook (the CPU study's executed notebooks included), unit tests of the parser
+and the matcher, and a made-up number injected into a copy of a real notebook, which the
+check must report.
 """
 
 from __future__ import annotations
@@ -22,32 +22,13 @@ NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted(
     (ROOT / "figures" / "cpu-study").glob("*.ipynb")
 )
 
-# The serving notebooks and the CPU study are being rewritten by another engineer, who takes
-# each one out of this set once its prose passes.
-# The committed serving study predates the per-repeat statistics and the prose rules: until
-# `make study` is run again, its notebooks are expected to fail (strict: once it passes, the
-# entry must go).
-STUDY_PENDING_RERUN = {
-    "figures/cpu-study/08-ttft-and-throughput.ipynb",
-    "figures/cpu-study/10-real-conversations-through-the-server.ipynb",
-    "figures/cpu-study/11-seed-004-engine-comparisons.ipynb",
-    "figures/cpu-study/12-prefix-caching-decision.ipynb",
-}
 # A notebook whose prose passes, for the injection test.
 CLEAN_NOTEBOOK = ROOT / "notebooks" / "04-why-few-blocks-inflate-hit-rate.ipynb"
 
 
-def notebook_case(path: Path):
-    name = path.relative_to(ROOT).as_posix()
-    marks = []
-    if name in STUDY_PENDING_RERUN:
-        marks.append(
-            pytest.mark.xfail(strict=True, reason="the committed study predates these rules")
-        )
-    return pytest.param(path, id=name, marks=marks)
-
-
-@pytest.mark.parametrize("path", [notebook_case(p) for p in NOTEBOOKS])
+@pytest.mark.parametrize(
+    "path", [pytest.param(p, id=p.relative_to(ROOT).as_posix()) for p in NOTEBOOKS]
+)
 def test_every_prose_number_was_printed_by_the_run(path):
     findings = prose.check_notebook(path)
     assert not findings, "numbers in the prose that this run did not print:\n" + "\n".join(
