@@ -302,3 +302,10 @@ def test_combine_repeats_counts_every_repeat_and_refuses_a_lost_one():
     changed = [*summaries[:2], {**summaries[2], "concurrency": 4}]
     with pytest.raises(ValueError, match="concurrency"):
         combine_repeats(changed, frame)
+
+
+def test_odd_repeats_read_as_words():
+    assert serving_stats.odd_repeats_text([], 3) == ""
+    assert serving_stats.odd_repeats_text([2], 3) == "repeat 2 stands apart"
+    assert serving_stats.odd_repeats_text([0, 3], 5) == "repeats 0 and 3 stand apart"
+    assert serving_stats.odd_repeats_text([0, 1, 2], 3) == "the repeats all differ from one another"

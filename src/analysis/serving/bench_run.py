@@ -24,6 +24,7 @@ import pandas as pd
 from analysis.serving import loadgen
 from analysis.serving.bench_config import RunKey, ServingBenchConfig
 from analysis.serving.server import VllmServer
+from analysis.serving.stats import odd_repeats_text
 from analysis.serving.storage import _digest
 
 
@@ -157,7 +158,8 @@ def _notes(summary: dict, cache_reset: bool) -> str:
     if odd:
         values = summary.get("mean_ttft_repeats", [])
         shown = ", ".join(f"{v:.3f}" for v in values)
-        notes.append(f"repeat {', '.join(map(str, odd))} differs (mean TTFT per repeat {shown} s)")
+        what = odd_repeats_text(odd, len(values))
+        notes.append(f"{what} (mean TTFT per repeat {shown} s)")
     return "; ".join(notes)
 
 

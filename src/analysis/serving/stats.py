@@ -120,6 +120,18 @@ def outlier_repeats(groups: Sequence[np.ndarray], statistic: str = "mean") -> li
     return odd
 
 
+def odd_repeats_text(odd: Sequence[int], total: int) -> str:
+    """`outlier_repeats` in words: one repeat stands apart, or several, or, when every repeat
+    stands apart from the others, the repeats disagree with one another."""
+    if not odd:
+        return ""
+    if len(odd) == total:
+        return "the repeats all differ from one another"
+    if len(odd) == 1:
+        return f"repeat {odd[0]} stands apart"
+    return f"repeats {', '.join(map(str, odd[:-1]))} and {odd[-1]} stand apart"
+
+
 def _stat(values: np.ndarray, statistic: str) -> float:
     values = _finite(values)
     return float(STATISTICS[statistic](values)) if values.size else math.nan

@@ -178,8 +178,8 @@ def _caveats(facts: Facts, prefix: Any, concurrency: int) -> str:
         key = (mode, prefix, concurrency)
         label = "on" if mode == "cache" else "off"
         if key in facts.odd_repeats:
-            repeats = ", ".join(map(str, facts.odd_repeats[key]))
-            notes.append(f"caching {label}: repeat {repeats} stands apart")
+            odd = serving_stats.odd_repeats_text(facts.odd_repeats[key], facts.study.repeats)
+            notes.append(f"caching {label}: {odd}")
         if key in facts.speed_notes:
             notes.append(f"caching {label}: {facts.speed_notes[key]}")
     return f"; {'; '.join(notes)}" if notes else ""
@@ -241,12 +241,13 @@ def _sharegpt_line(facts: Facts) -> str:
         f"{off['req_s'].text('req/s', 2)}."
     )
     for mode in ("cache", "no_cache"):
-        repeats = facts.sharegpt[mode]["odd_repeats"]
-        if repeats:
+        odd = serving_stats.odd_repeats_text(
+            facts.sharegpt[mode]["odd_repeats"], facts.study.repeats
+        )
+        if odd:
             line += (
-                f" Caching {'on' if mode == 'cache' else 'off'}: repeat "
-                f"{', '.join(map(str, repeats))} stands apart from the others (notebook 10's "
-                "table); the median of repeats is not moved by it, the interval shows it."
+                f" Caching {'on' if mode == 'cache' else 'off'}: {odd} (notebook 10's table); "
+                "the median of repeats is not moved by an odd one, the interval shows it."
             )
     return line
 
