@@ -297,7 +297,7 @@ def dilution_verdict(d: dict[str, float]) -> str:
     misses): any h would have passed."""
     width = d["measured_hi_s"] - d["measured_lo_s"]
     span = abs(d["ttft_miss_s"] - d["ttft_hit_s"])
-    if not d["measured_lo_s"] <= d["predicted_ttft_s"] <= d["measured_hi_s"]:
+    if not _prediction_inside(d):
         return "prediction outside the interval"
     if width >= span:
         return (
