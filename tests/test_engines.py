@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from analysis.engines import ConfigError, RunConfig, RunResult, is_complete, validate
+from analysis.engines.result import REQUEST_TIME_COLUMNS
 from analysis.engines.synthetic import identical_requests, synthetic_trace
 from analysis.engines.workload import Arrivals, build_workload, limit_trace
 
@@ -149,7 +150,7 @@ def comparable(result: RunResult) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFr
     events = events.sort_values(["step", "event", "block_hash", "request_index"])
     return (
         result.admissions.drop(columns=["time_s"]),
-        result.requests.drop(columns=["ttft_s", "e2e_s"]),
+        result.requests.drop(columns=list(REQUEST_TIME_COLUMNS)),
         events.reset_index(drop=True),
     )
 

@@ -17,6 +17,7 @@ import pytest
 
 from analysis import sweeps
 from analysis.engines import RunResult
+from analysis.engines.result import REQUEST_TIME_COLUMNS
 from analysis.engines.synthetic import synthetic_trace
 from analysis.sweeps import executors
 
@@ -74,7 +75,7 @@ def same_tables(folder_a: Path, folder_b: Path) -> None:
     pd.testing.assert_frame_equal(
         a.admissions.drop(columns="time_s"), b.admissions.drop(columns="time_s")
     )
-    timing = ["ttft_s", "e2e_s"]
+    timing = list(REQUEST_TIME_COLUMNS)
     pd.testing.assert_frame_equal(a.requests.drop(columns=timing), b.requests.drop(columns=timing))
     assert a.block_stats == b.block_stats
     assert a.counters == b.counters

@@ -12,6 +12,7 @@ import pytest
 from analysis.engines import ConfigError, RunConfig, validate
 from analysis.engines.config import ROUTERS, router_spec
 from analysis.engines.fleet import ROUTER_CLASSES, Arrival, make_router
+from analysis.engines.result import REQUEST_TIME_COLUMNS
 from analysis.engines.synthetic import synthetic_trace
 
 SMALL = {"block_size": 16, "num_blocks": 300, "max_model_len": 2048}
@@ -191,7 +192,7 @@ def comparable(result) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     events = events.sort_values(["step", "event", "block_hash", "request_index"])
     return (
         result.admissions.drop(columns=["time_s", *drop], errors="ignore"),
-        result.requests.drop(columns=["ttft_s", "e2e_s", *drop], errors="ignore"),
+        result.requests.drop(columns=[*REQUEST_TIME_COLUMNS, *drop], errors="ignore"),
         events.reset_index(drop=True),
     )
 

@@ -22,7 +22,7 @@ from analysis.platform.errors import ConfigError
 from analysis.platform.hardware import DTYPES
 
 ENGINES = ("replay", "vllm", "fleet")
-MODES = ("batch", "closed-loop")
+MODES = ("batch", "closed-loop", "poisson")
 OUTPUTS = ("recorded", "free")
 DEVICES = ("cpu", "cuda")
 HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
@@ -42,6 +42,15 @@ ROUTERS = {
 # Fields only a fleet reads: left out of other engines' identity (and so of the ids of runs
 # made before they existed).
 FLEET_FIELDS = ("replicas", "router")
+# Fields of time (arrivals in seconds, a step-cost clock): left out of a run's identity at
+# their defaults, so that the ids of runs made before they existed stay the same.
+TIME_FIELDS = {
+    "arrival_rate": None,
+    "think_time_s": 0.0,
+    "clock": None,
+    "clock_anyway": False,
+    "warmup": False,
+}
 # The CPU attention backend only takes block sizes that are multiples of this.
 CPU_BLOCK_MULTIPLE = 32
 # The local random model's context (analysis.models.local.TINY.max_position_embeddings).
@@ -77,6 +86,11 @@ class RunConfig:
     block_events: str = "aggregate"  # write "aggregate"s of the block events, or "full" rows
     replicas: int = 1  # fleet: replay engines behind one router, each with num_blocks blocks
     router: str = "round-robin"  # fleet: which replica a request goes to (ROUTERS)
+    arrival_rate: float | None = None  # poisson: conversations started per second
+    think_time_s: float = 0.0  # closed-loop / poisson: seconds between a reply and the next turn
+    clock: str | None = None  # replay: a step-cost profile (JSON) that gives steps their time
+    clock_anyway: bool = False  # use a profile measured for another machine / model / vLLM
+    warmup: bool = False  # vllm: a few requests before the measured run (a warm engine)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,7 +110,10 @@ class RunConfig:
 
     def readable_prefix(self) -> str:
         trace = Path(self.trace).stem if self.trace else "trace"
-        mode = "batch" if self.mode == "batch" else f"cl{self.concurrency}"
+        if self.mode == "poisson":
+            mode = f"poisson{self.arrival_rate:g}"
+        else:
+            mode = "batch" if self.mode == "batch" else f"cl{self.concurrency}"
         parts = [trace, self.engine, f"b{self.block_size}", f"n{self.num_blocks}", mode]
         if self.outputs != "recorded":
             parts.append(self.outputs)
@@ -106,7 +123,16 @@ class RunConfig:
             parts.append(self.dtype)
         if self.engine == "fleet":
             parts.append(f"x{self.replicas}-{self.router}")
+        if self.think_time_s:
+            parts.append(f"think{self.think_time_s:g}")
+        if self.clock is not None:
+            parts.append("timed")
         return "-".join(parts)
+
+    @property
+    def timed(self) -> bool:
+        """Arrivals in seconds (a rate or a think time) or a clock for replay's steps."""
+        return self.mode == "poisson" or self.think_time_s > 0 or self.clock is not None
 
     def config_id(self, trace_hash: str) -> str:
         """Readable prefix + 10 hex digits of sha256(canonical config JSON + trace hash)."""
@@ -136,6 +162,14 @@ def config_digest(config: RunConfig, trace_hash: str, extra: str = "") -> str:
     if config.engine != "fleet":
         for name in FLEET_FIELDS:
             del data[name]
+    for name, default in TIME_FIELDS.items():
+        if data[name] == default:
+            del data[name]
+    if config.clock is not None:  # the profile's content, not where it lies
+        from analysis.platform.manifest import file_sha256
+
+        path = Path(config.clock)
+        data["clock"] = file_sha256(path) if path.is_file() else config.clock
     payload = json.dumps(
         {"config": data, "trace_hash": trace_hash, "extra": extra},
         sort_keys=True,
@@ -167,6 +201,7 @@ def validate(config: RunConfig, *, check_environment: bool = True) -> None:
         raise ConfigError(
             f"replicas={config.replicas} needs engine='fleet' (replay engines behind a router)"
         )
+    _check_time(config)
     for name in ("max_num_batched_tokens", "max_output_tokens", "limit"):
         value = getattr(config, name)
         if value is not None:
@@ -217,6 +252,35 @@ def validate(config: RunConfig, *, check_environment: bool = True) -> None:
             )
     if check_environment:
         check_environment_for(config)
+
+
+def _check_time(config: RunConfig) -> None:
+    """Arrivals in seconds need a rate, a think time of 0 or more, and a clock to run on."""
+    rate = config.arrival_rate
+    if config.mode == "poisson" and not (
+        isinstance(rate, int | float) and math.isfinite(rate) and rate > 0
+    ):
+        raise ConfigError(
+            f"mode='poisson' needs --arrival-rate, a positive number of conversations per "
+            f"second (got {rate!r})"
+        )
+    think = config.think_time_s
+    if not (isinstance(think, int | float) and math.isfinite(think) and think >= 0):
+        raise ConfigError(f"think_time_s must be 0 or more seconds (got {think!r})")
+    if config.clock is not None and config.engine != "replay":
+        raise ConfigError(
+            f"--clock gives replay's steps their time; the {config.engine} engine "
+            + ("measures its own" if config.engine == "vllm" else "has no clock yet")
+            + ": drop --clock or use --engine replay"
+        )
+    if config.engine == "replay" and config.clock is None and config.timed:
+        raise ConfigError(
+            "arrivals in seconds (mode poisson or a think time) need a clock for replay: give "
+            "--clock PROFILE.json (measured by `python -m analysis calibrate`), or use "
+            "--engine vllm, which runs on the wall clock"
+        )
+    if config.engine == "fleet" and config.timed:
+        raise ConfigError("the fleet engine has no clock yet: use batch or closed-loop arrivals")
 
 
 def router_spec(spec: str) -> tuple[str, float | None]:

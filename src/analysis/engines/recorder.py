@@ -102,6 +102,7 @@ class Recorder:
         n = self.num_requests
         self.submit_step = np.full(n, -1, dtype=np.int64)
         self.submit_seconds = np.full(n, np.nan)
+        self.arrival_seconds = np.full(n, np.nan)  # timed arrivals: when it reached the engine
         self.first_token_step = np.full(n, -1, dtype=np.int64)
         self.first_token_seconds = np.full(n, np.nan)
         self.finish_step = np.full(n, -1, dtype=np.int64)
@@ -113,6 +114,7 @@ class Recorder:
         self.scheduler: Any = None
         self.caching_metrics: Any = None
         self.step = 0  # the step being run (set by the driver before each step)
+        self.clock: Any = None  # replay on a clock: its `now()`; None: the wall clock
 
     # ----------------------------------------------------------------- attaching to vLLM
     def attach(self, scheduler: Any, replica: int = 0) -> None:
@@ -245,6 +247,8 @@ class Recorder:
         self.started = time.perf_counter()
 
     def now(self) -> float:
+        if self.clock is not None:
+            return self.clock()
         return time.perf_counter() - self.started
 
     def mark_step(self, step: int, seconds: float) -> None:

@@ -149,7 +149,6 @@ def run_replay(
     recorder.attach(scheduler)
     fast = DecodeFastPath(scheduler, engine.hash_block_size)
     fast.enabled = fast.enabled and config.fast_path
-    arrivals = Arrivals(workload, config.mode, config.concurrency)
     live: dict[str, Any] = {}
     ids = recorder.ids
 
@@ -168,10 +167,18 @@ def run_replay(
     recorder.start_clock()
     started = time.perf_counter()
     cpu_started = time.process_time()
+    timed: dict[str, Any] = {}
     with gc_paused():
-        steps_run = _drive(scheduler, fast, arrivals, live, ids, recorder, submit, progress)
+        if config.clock is None:
+            arrivals = Arrivals(workload, config.mode, config.concurrency)
+            steps_run = _drive(scheduler, fast, arrivals, live, ids, recorder, submit, progress)
+        else:
+            fast.enabled = False  # every step is charged its cost: none may be skipped
+            timed = _run_on_clock(workload, config, model, engine, live, recorder, submit, progress)
+            steps_run = timed["scheduler_calls"]
     elapsed = time.perf_counter() - started
     return {
+        **timed,
         "steps": scheduler.current_step,
         "scheduler_calls": steps_run,
         "loop_seconds": round(elapsed, 3),
@@ -184,6 +191,83 @@ def run_replay(
         "reused_block_hashes": prefix_hashes.reused_blocks,
         "resolved": resolved_settings(engine.vllm_config, scheduler),
     }
+
+
+def _run_on_clock(workload, config, model, engine, live, recorder, submit, progress):
+    """Replay with every step charged its cost by the profile, arrivals in seconds."""
+    from analysis.engines.clock import VirtualClock, check_applies, load_profile, run_identity
+    from analysis.engines.steps import StepLog
+    from analysis.engines.timed_arrivals import TimedArrivals
+
+    profile = load_profile(config.clock)
+    differences = check_applies(profile, run_identity(config, model), anyway=config.clock_anyway)
+    clock = VirtualClock()
+    recorder.clock = clock.now
+    steps = StepLog()
+    steps.attach(engine.scheduler)
+    arrivals = TimedArrivals(
+        workload,
+        config.mode,
+        config.concurrency,
+        arrival_rate=config.arrival_rate,
+        think_time_s=config.think_time_s,
+        seed=config.seed,
+    )
+    calls = _drive_on_clock(
+        engine.scheduler, arrivals, live, recorder, submit, progress, clock, profile, steps
+    )
+    return {
+        "scheduler_calls": calls,
+        "clock": {
+            "profile": str(config.clock),
+            "predicts_for": {k: profile.identity.get(k) for k in ("machine", "dtype", "model")},
+            "identity_differences": differences,
+            "seconds": round(clock.now(), 6),
+        },
+        "steps_table": steps.frame(),
+    }
+
+
+def _drive_on_clock(
+    scheduler, arrivals, live, recorder, submit, progress, clock, profile, steps
+) -> int:
+    """The step loop of `_drive`, in seconds: submit what has arrived (each charged
+    `admit_s`), idle until the next arrival when nothing runs, charge each step its modelled
+    cost before its tokens come out, then the driver's `loop_s`."""
+
+    def admit() -> int:
+        due = arrivals.due(clock.now())
+        if due:
+            recorder.arrival_seconds[due] = arrivals.arrival_s[due]
+            submit(due)
+            clock.advance(profile.admit_s * len(due))
+        return len(due)
+
+    def charge(admitted: int) -> Callable[[Any], None]:
+        def on_scheduled(_: Any) -> None:
+            start = clock.now()
+            cost = profile.step_seconds(steps.last())
+            steps.timed(start, cost, admitted, profile.admit_s * admitted, profile.loop_s)
+            clock.advance(cost)
+
+        return on_scheduled
+
+    calls = 0
+    while live or arrivals.pending():
+        admitted = admit()
+        if not live:
+            clock.wait_until(arrivals.next_time())
+            continue
+        step = scheduler.current_step + 1
+        recorder.mark_step(step, clock.now())
+        finished = run_step(scheduler, None, live, recorder.ids, recorder, step, charge(admitted))
+        calls += 1
+        if finished:
+            if progress is not None:
+                progress.update(len(finished))
+            arrivals.after_finished(finished, clock.now())
+        clock.advance(profile.loop_s)
+    return calls
 
 
 def last_turn_indices(workload: Workload) -> set[int]:
@@ -242,13 +326,17 @@ def _drive(scheduler, fast, arrivals, live, ids, recorder, submit, progress) -> 
     return steps_run
 
 
-def run_step(scheduler, fast, live, ids, recorder, step: int) -> list[int]:
+def run_step(scheduler, fast, live, ids, recorder, step: int, on_scheduled=None) -> list[int]:
     """One vLLM step: `schedule()`, the workload's next token for every request that finished
-    its prefill, `update_from_output()`; returns the workload indices that finished."""
+    its prefill, `update_from_output()`; returns the workload indices that finished.
+    `on_scheduled(scheduler_output)` runs between the two (a clock charges the step there)."""
     from vllm.v1.outputs import ModelRunnerOutput
 
     scheduler_output = scheduler.schedule()
-    fast.restore()
+    if fast is not None:
+        fast.restore()
+    if on_scheduled is not None:
+        on_scheduled(scheduler_output)
     req_ids = list(scheduler_output.num_scheduled_tokens)
     sampled: list[list[int]] = []
     for rid in req_ids:

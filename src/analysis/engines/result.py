@@ -19,6 +19,9 @@ Folder `data/results/<config_id>/`:
 - `counters.json`: the exported counters (`vllm:prefix_cache_queries`, ...), the summed
   `PrefixCacheStats` including the hidden preempted_* fields, and where each came from.
 - `summary.json`: the headline numbers (analysis.metrics.hitrates.summarize).
+- `steps.parquet`, where the engine ran on a clock (the real engine always; replay with a
+  step-cost profile): one row per scheduler step, what it scheduled and how long it took
+  (`analysis.engines.steps`).
 - `manifest.json`: config, trace hash, versions, git commit, timings. Written last: a folder
   without it is an incomplete run. The whole folder is built under a temporary name and
   renamed into place at the end, so an interrupted run leaves nothing that looks complete.
@@ -55,7 +58,9 @@ from analysis.platform.manifest import (
 )
 
 TABLES = ("admissions", "requests", "block_stats")
-OPTIONAL_TABLES = ("block_events",)
+# The requests table's columns of time (seconds): they differ between runs of one config.
+REQUEST_TIME_COLUMNS = ("arrival_s", "first_token_s", "finish_s", "ttft_s", "e2e_s")
+OPTIONAL_TABLES = ("block_events", "steps")
 MANIFEST = "manifest.json"
 
 
@@ -70,6 +75,7 @@ class RunResult:
     counters: dict[str, Any]
     summary: dict[str, Any] = field(default_factory=dict)
     manifest: dict[str, Any] = field(default_factory=dict)
+    steps: pd.DataFrame | None = None  # per step: make-up and time (analysis.engines.steps)
 
     def generated_outputs(self) -> dict[str, list[int]]:
         """Token ids each request emitted (the real engine's own tokens in `free` mode)."""
@@ -110,6 +116,8 @@ class RunResult:
         }
         if self.config.block_events == "full" and self.block_events is not None:
             tables["block_events"] = self.block_events
+        if self.steps is not None:
+            tables["steps"] = self.steps
         return tables
 
     def without_block_events(self) -> RunResult:
@@ -129,6 +137,8 @@ class RunResult:
         )
         events_path = folder / "block_events.parquet"
         events = _read_part(events_path, pd.read_parquet) if events_path.is_file() else None
+        steps_path = folder / "steps.parquet"
+        steps = _read_part(steps_path, pd.read_parquet) if steps_path.is_file() else None
         stats_path = folder / "block_stats.parquet"
         if stats_path.is_file():
             stats = BlockStats.from_frame(_read_part(stats_path, pd.read_parquet))
@@ -157,6 +167,7 @@ class RunResult:
             counters=_read_part(folder / "counters.json", read_json),
             summary=_read_part(folder / "summary.json", read_json),
             manifest=manifest,
+            steps=steps,
         )
 
 

@@ -18,6 +18,14 @@ from typing import Any
 from analysis.engines.config import RunConfig
 from analysis.models.resolved import ResolvedModel, resolve_model
 
+# Settings both engines always take (the rest comes from the RunConfig).
+SHARED_SETTINGS: dict[str, Any] = {
+    "enable_prefix_caching": True,
+    "enforce_eager": True,
+    "async_scheduling": False,
+    "disable_log_stats": False,
+}
+
 
 def config_model(config: RunConfig) -> ResolvedModel:
     """The run's model, resolved (once per run: the runner hands it to the engine)."""
@@ -32,12 +40,9 @@ def engine_kwargs(config: RunConfig, model: ResolvedModel) -> dict[str, Any]:
         "max_model_len": config.max_model_len,
         "max_num_seqs": config.max_num_seqs,
         "enable_chunked_prefill": config.enable_chunked_prefill,
-        "enable_prefix_caching": True,
+        **SHARED_SETTINGS,
         "prefix_caching_hash_algo": config.hash_algo,
-        "enforce_eager": True,
         "seed": config.seed,
-        "async_scheduling": False,
-        "disable_log_stats": False,
         "use_tqdm_on_load": False,  # no "Loading safetensors" bar in notebooks and logs
     }
     if config.max_num_batched_tokens is not None:

@@ -25,6 +25,8 @@ import numpy as np
 
 from analysis.engines.config import ConfigError, RunConfig
 from analysis.engines.recorder import Recorder
+from analysis.engines.steps import StepLog
+from analysis.engines.timed_arrivals import TimedArrivals
 from analysis.engines.vllm_args import config_model, engine_kwargs
 from analysis.engines.workload import Arrivals, Workload
 from analysis.models.resolved import ResolvedModel
@@ -120,19 +122,22 @@ def run_vllm(
     _ensure_logging_stat_logger(engine)
     core = _engine_core(llm)
     scheduler = core.scheduler
+    warmup_seconds = _warm_up(llm, scheduler, config, mechanism if forced else None)
     recorder.attach(scheduler)
+    steps = StepLog()
+    steps.attach(scheduler)
     baseline = counter_values(llm)
-    arrivals = Arrivals(workload, config.mode, config.concurrency)
     by_external: dict[str, int] = {}
     n = len(workload.specs)
-    submitted_at = np.full(n, np.nan)
     ttft = np.full(n, np.nan)
     cached_reported = np.full(n, -1, dtype=np.int64)
     generated: dict[int, list[int]] = {}
     unfinished = 0
 
-    def submit(indices: list[int]) -> None:
+    def submit(indices: list[int]) -> float:
+        """Hand `indices` to the engine; returns the seconds that took."""
         nonlocal unfinished
+        began = time.perf_counter()
         for index in indices:
             spec = workload.specs[index]
             outputs = workload.output_list(index)
@@ -148,24 +153,52 @@ def run_vllm(
             recorder.ids[internal] = index
             by_external[spec.request_id] = index
             recorder.submitted(index, scheduler.current_step)
-            submitted_at[index] = time.perf_counter()
+            if np.isnan(recorder.arrival_seconds[index]):  # untimed: it arrives as it is sent
+                recorder.arrival_seconds[index] = recorder.submit_seconds[index]
             unfinished += 1
+        return time.perf_counter() - began
+
+    arrivals = _arrivals(workload, config)
+    timed = isinstance(arrivals, TimedArrivals)
+
+    def submit_arrived() -> tuple[int, float]:
+        """Timed arrivals: send every request whose time has come; (count, seconds)."""
+        due = arrivals.due(recorder.now())
+        recorder.arrival_seconds[due] = arrivals.arrival_s[due]
+        return len(due), submit(due) if due else 0.0
 
     recorder.start_clock()
     started = time.perf_counter()
-    submit(arrivals.initial())
-    while unfinished:
+    admitted, admit_s = submit_arrived() if timed else (0, submit(arrivals.initial()))
+    if not timed:
+        admitted = len(recorder.ids)
+    previous_end: float | None = None
+    while unfinished or (timed and arrivals.pending()):
+        if timed:
+            count, seconds = submit_arrived()
+            admitted, admit_s = admitted + count, admit_s + seconds
+            if not unfinished:
+                time.sleep(max(0.0, arrivals.next_time() - recorder.now()))
+                previous_end = None  # the idle wait is no loop overhead
+                continue
         step = scheduler.current_step + 1
         recorder.mark_step(step, recorder.now())
+        scheduled_before = len(steps)
+        step_start = time.perf_counter()
         request_outputs = engine.step()
         now = time.perf_counter()
+        if len(steps) > scheduled_before:
+            gap = np.nan if previous_end is None else step_start - previous_end - admit_s
+            steps.timed(step_start - recorder.started, now - step_start, admitted, admit_s, gap)
+            admitted, admit_s = 0, 0.0
+        previous_end = now
         finished: list[int] = []
         for output in request_outputs:
             index = by_external.get(output.request_id, recorder.ids.get(output.request_id))
             completion = output.outputs[0] if output.outputs else None
             tokens = list(completion.token_ids) if completion is not None else []
             if tokens and np.isnan(ttft[index]):
-                ttft[index] = now - submitted_at[index]
+                ttft[index] = now - recorder.started - recorder.arrival_seconds[index]
                 recorder.first_token(index, scheduler.current_step)
             if output.finished:
                 reason = completion.finish_reason if completion is not None else None
@@ -177,7 +210,12 @@ def run_vllm(
         if finished:
             if progress is not None:
                 progress.update(len(finished))
-            submit(arrivals.after_finished(finished))
+            if timed:
+                arrivals.after_finished(finished, recorder.now())
+            else:
+                count = len(recorder.ids)
+                admit_s += submit(arrivals.after_finished(finished))
+                admitted += len(recorder.ids) - count
     loop_seconds = time.perf_counter() - started
     exported = {
         name: counter_values(llm).get(name, 0) - baseline.get(name, 0) for name in EXPORTED_COUNTERS
@@ -188,6 +226,7 @@ def run_vllm(
         "steps": scheduler.current_step,
         "loop_seconds": round(loop_seconds, 3),
         "build_seconds": round(build_seconds, 3),
+        "warmup_seconds": warmup_seconds,
         "model": model.path,
         "device": config.device,
         "model_dtype": str(core.vllm_config.model_config.dtype).removeprefix("torch."),
@@ -202,12 +241,66 @@ def run_vllm(
         "logged_window_hit_rate": _logged_window_rate(engine),
         "ttft_s": ttft,
         "num_cached_tokens_mismatches": _cached_token_mismatches(recorder, cached_reported),
+        "steps_table": steps.frame(),
     }
     if not forced:
         facts["generated"] = generated
     llm.llm_engine.engine_core.shutdown()
     del llm
     return facts
+
+
+WARMUP_REQUESTS = 4  # of WARMUP_PROMPT_TOKENS each, WARMUP_OUTPUT_TOKENS out
+WARMUP_PROMPT_TOKENS = 512
+WARMUP_OUTPUT_TOKENS = 8
+
+
+def _warm_up(llm: Any, scheduler: Any, config: RunConfig, mechanism: str | None) -> float | None:
+    """With `config.warmup`, run a few requests before the measured run, as a server is warm
+    before its first client: the first steps of a new engine pay one-off costs (kernels
+    chosen and compiled, memory first touched) that no step of a warm one pays. Their blocks
+    are then dropped (`reset_prefix_cache`) and the step counter set back to 0, so the run
+    counts exactly what it would have counted cold. Returns the seconds taken (None: off)."""
+    if not config.warmup:
+        return None
+    from vllm import SamplingParams
+
+    from analysis.engines.forced import forced_params
+
+    started = time.perf_counter()
+    engine = llm.llm_engine
+    rng = np.random.default_rng(config.seed + 1)
+    prompt_tokens = min(WARMUP_PROMPT_TOKENS, config.max_model_len // 2)
+    outputs = [int(t) for t in rng.integers(1000, 100_000, WARMUP_OUTPUT_TOKENS)]
+    for i in range(WARMUP_REQUESTS):
+        params = SamplingParams(
+            max_tokens=len(outputs),
+            ignore_eos=True,
+            temperature=0.0,
+            **(forced_params(mechanism, outputs) if mechanism else {}),
+        )
+        prompt = [int(t) for t in rng.integers(1000, 100_000, prompt_tokens)]
+        engine.add_request(f"warmup-{i}", {"prompt_token_ids": prompt}, params)
+    while engine.has_unfinished_requests():
+        engine.step()
+    if not llm.reset_prefix_cache():
+        raise RuntimeError("vLLM did not reset its prefix cache after the warm-up")
+    scheduler.current_step = 0
+    return round(time.perf_counter() - started, 3)
+
+
+def _arrivals(workload: Workload, config: RunConfig) -> Arrivals | TimedArrivals:
+    """Step-based arrivals, or arrivals in seconds on the wall clock for a timed config."""
+    if not config.timed:
+        return Arrivals(workload, config.mode, config.concurrency)
+    return TimedArrivals(
+        workload,
+        config.mode,
+        config.concurrency,
+        arrival_rate=config.arrival_rate,
+        think_time_s=config.think_time_s,
+        seed=config.seed,
+    )
 
 
 def _forced_mismatches(workload: Workload, generated: dict[int, list[int]]) -> int:

@@ -245,6 +245,7 @@ def assemble(
     requests = _requests_table(workload, recorder, meta, admissions, engine_facts)
     events = recorder.block_events_frame()
     counters = _counters(recorder, requests, engine_facts)
+    steps = engine_facts.pop("steps_table", None)
     return RunResult(
         config=config,
         config_id=config_id,
@@ -253,6 +254,7 @@ def assemble(
         block_stats=BlockStats.from_events(events),
         block_events=events,
         counters=counters,
+        steps=steps,
     )
 
 
@@ -314,8 +316,17 @@ def _requests_table(
     frame["first_token_step"] = recorder.first_token_step
     frame["finish_step"] = recorder.finish_step
     frame["finish_reason"] = recorder.finish_reason
-    frame["ttft_s"] = engine_facts.pop("ttft_s", np.full(n, np.nan))
-    frame["e2e_s"] = recorder.finish_seconds - recorder.submit_seconds
+    arrival = np.where(
+        np.isnan(recorder.arrival_seconds), recorder.submit_seconds, recorder.arrival_seconds
+    )
+    frame["arrival_s"] = arrival
+    frame["first_token_s"] = recorder.first_token_seconds
+    frame["finish_s"] = recorder.finish_seconds
+    measured = engine_facts.pop("ttft_s", None)  # the real engine's; replay's only on a clock
+    if measured is None and recorder.clock is not None:
+        measured = recorder.first_token_seconds - arrival
+    frame["ttft_s"] = np.full(n, np.nan) if measured is None else measured
+    frame["e2e_s"] = recorder.finish_seconds - arrival
     if recorder.fleet:
         frame["replica"] = recorder.replica_of
     generated = engine_facts.pop("generated", None)

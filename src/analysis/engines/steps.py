@@ -1,0 +1,149 @@
+"""What vLLM scheduled in each step: the batch make-up that a step's cost depends on.
+
+Both engines expose the same `Scheduler`, so one wrapper on `schedule()` reads every step's
+make-up in either: right after `schedule()` returns, each scheduled request's
+`num_computed_tokens` has been advanced past this step's tokens (vLLM's
+`_update_after_schedule`), so a request that was given `n` tokens computes positions
+`[end - n, end)` against `end - n` tokens already in its KV cache, and it samples a token this
+step unless it is still inside a chunked prefill (`is_prefill_chunk`). Cached tokens are
+never scheduled, so a prefix-cache hit shows as fewer tokens, which is what it saves.
+
+The features, one row per `schedule()` call (names as the step-cost profile uses them):
+
+- `tokens`: tokens computed (the forward pass's rows);
+- `sequences`: requests given any token;
+- `new_requests`: requests entering the batch this step (`scheduled_new_reqs`): the model
+  runner sets up their state, and on a GPU copies their prompt and block table over;
+- `finished_requests`: requests that finished since the previous step, whose state the
+  model runner now drops (`finished_req_ids`);
+- `prefill_requests`: requests given more than one token (a prefill or a chunk of one);
+- `sampled`: requests that sample a token (the LM head and the sampler run once each);
+- `prefill_pairs`: query-key pairs of causal attention over multi-token chunks,
+  n * (end - n) + n * (n + 1) / 2 per chunk (what attention costs in a prefill);
+- `decode_context`: tokens of context read by one-token queries (a decode, or a prefill
+  whose prompt was cached but for its last token): attention there is a read of the KV cache.
+
+The real engine adds each step's wall time (`wall_s`), so that the profile can be fitted on
+exactly these rows; replay on a clock adds the time its profile gave.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+FEATURES = (
+    "tokens",
+    "sequences",
+    "new_requests",
+    "finished_requests",
+    "prefill_requests",
+    "sampled",
+    "prefill_pairs",
+    "decode_context",
+)
+
+
+def step_features(scheduler: Any, scheduler_output: Any) -> tuple[int, ...]:
+    """The FEATURES of one step, read after `schedule()` returned `scheduler_output`."""
+    tokens = sequences = prefill_requests = sampled = prefill_pairs = decode_context = 0
+    new_requests = len(scheduler_output.scheduled_new_reqs)
+    finished_requests = len(scheduler_output.finished_req_ids)
+    requests = scheduler.requests
+    for request_id, count in scheduler_output.num_scheduled_tokens.items():
+        if count <= 0:
+            continue
+        request = requests[request_id]
+        end = request.num_computed_tokens
+        start = end - count
+        tokens += count
+        sequences += 1
+        if not request.is_prefill_chunk:
+            sampled += 1
+        if count == 1:
+            decode_context += end
+        else:
+            prefill_requests += 1
+            prefill_pairs += count * start + count * (count + 1) // 2
+    return (
+        tokens,
+        sequences,
+        new_requests,
+        finished_requests,
+        prefill_requests,
+        sampled,
+        prefill_pairs,
+        decode_context,
+    )
+
+
+class StepLog:
+    """One row of FEATURES per `schedule()` call of one scheduler, plus times the driver adds."""
+
+    def __init__(self) -> None:
+        self.step = array("q")
+        self.columns = {name: array("q") for name in FEATURES}
+        self.start_s = array("d")
+        self.wall_s = array("d")  # the real engine's measured step, or the clock's cost
+        self.admitted = array("q")  # requests handed to the engine since the previous step
+        self.admit_s = array("d")  # seconds that took
+        self.gap_s = array("d")  # the driver's other time since the previous step ended
+
+    def attach(self, scheduler: Any) -> None:
+        """Wrap this scheduler instance's `schedule()` (never the class)."""
+        schedule = scheduler.schedule
+        columns = [self.columns[name] for name in FEATURES]
+
+        def schedule_and_log(*args: Any, **kwargs: Any) -> Any:
+            output = schedule(*args, **kwargs)
+            for column, value in zip(columns, step_features(scheduler, output), strict=True):
+                column.append(value)
+            self.step.append(scheduler.current_step)
+            return output
+
+        scheduler.schedule = schedule_and_log
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def last(self) -> dict[str, int]:
+        """The FEATURES of the step just scheduled."""
+        return {name: self.columns[name][-1] for name in FEATURES}
+
+    def timed(
+        self, start_s: float, wall_s: float, admitted: int, admit_s: float, gap_s: float
+    ) -> None:
+        """Times of the step just scheduled: when it started, how long it took, and the
+        driver's work since the previous step (requests handed over, and the rest)."""
+        while len(self.wall_s) < len(self.step) - 1:  # a step the driver did not time
+            self._append(np.nan, np.nan, 0, np.nan, np.nan)
+        self._append(start_s, wall_s, admitted, admit_s, gap_s)
+
+    def _append(self, start_s, wall_s, admitted, admit_s, gap_s) -> None:
+        self.start_s.append(start_s)
+        self.wall_s.append(wall_s)
+        self.admitted.append(admitted)
+        self.admit_s.append(admit_s)
+        self.gap_s.append(gap_s)
+
+    def frame(self) -> pd.DataFrame:
+        n = len(self.step)
+        frame = pd.DataFrame({"step": np.frombuffer(self.step, dtype=np.int64).copy()})
+        for name in FEATURES:
+            frame[name] = np.frombuffer(self.columns[name], dtype=np.int64).copy()
+        for name, values in (
+            ("start_s", self.start_s),
+            ("wall_s", self.wall_s),
+            ("admitted", self.admitted),
+            ("admit_s", self.admit_s),
+            ("gap_s", self.gap_s),
+        ):
+            dtype = np.int64 if values.typecode == "q" else np.float64
+            column = np.full(n, 0 if dtype is np.int64 else np.nan, dtype=dtype)
+            taken = np.frombuffer(values, dtype=dtype)[:n].copy()
+            column[: taken.shape[0]] = taken
+            frame[name] = column
+        return frame
