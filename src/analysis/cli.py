@@ -16,6 +16,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bounds": ("bounds", "ideal, LRU and optimal hit rates of a trace, without an engine"),
     "plan": ("plan", "KV memory (blocks, GiB, GPUs) a trace needs for a target hit rate"),
     "serve-bench": ("serve_bench", "TTFT and throughput against a real vLLM server"),
+    "calibrate": (
+        "calibrate",
+        "measure the real engine's step costs, fit replay's clock, validate",
+    ),
     "gpu-check": ("gpu_check", "prove a GPU machine: real engine vs replay, then GPU timing"),
     "report": ("report", "re-execute the notebooks with papermill and build the HTML report"),
     "readme": ("readme", "rewrite README.md's generated blocks from committed notebook outputs"),

@@ -1,0 +1,47 @@
+"""`python -m analysis calibrate`: measure the real engine's step costs, fit a profile, and
+check it against the real engine on held-out workloads.
+
+Writes data/results/calibration/<device>-<model>/ (profile.json, steps.parquet,
+validation.csv, requests.parquet, manifest.json). `run --engine replay --clock
+.../profile.json` then runs replay on that clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument(
+        "--model", default=None, help="a registered shape or folder (default: the device's)"
+    )
+    parser.add_argument("--block-size", type=int, default=None)
+    parser.add_argument(
+        "--no-validate", action="store_true", help="fit only; skip the held-out workloads"
+    )
+    parser.add_argument("--out", type=Path, default=None, help="the folder to write")
+
+
+def main(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from analysis.platform.paths import results_dir
+    from analysis.platform.writable import ensure_writable
+    from analysis.timing import calibrate, write
+    from analysis.timing.calibration import base_config
+
+    base = base_config(args.device, args.model, args.block_size)
+    name = f"{args.device}-{base.model or 'tiny-llama'}-b{base.block_size}"
+    folder = args.out or results_dir() / "calibration" / name
+    ensure_writable(folder.parent)
+    result = calibrate(
+        args.device, model=args.model, block_size=args.block_size, validate=not args.no_validate
+    )
+    write(result, folder)
+    if result.validation is not None:
+        with pd.option_context("display.width", 200, "display.max_columns", 40):
+            print(result.validation.round(4).T.to_string())
+    print(f"profile: {folder / 'profile.json'}")
+    return 0

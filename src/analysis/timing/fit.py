@@ -1,0 +1,126 @@
+"""Fit a step-cost profile to a real engine's measured steps.
+
+Least squares on relative error (each step weighted by 1 / its measured time, so a 4 ms
+decode step counts as much as a 300 ms prefill), over the terms of
+`analysis.engines.clock.TERMS`. A term whose best coefficient is negative has no physical
+meaning (work that saves time): it is dropped and the rest refitted, and the profile says
+which terms were dropped. The costs outside a step are medians of what the driver measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.engines.clock import TERMS, StepCostProfile
+
+
+def design_matrix(steps: pd.DataFrame, terms: Sequence[str]) -> np.ndarray:
+    """One column per term: the feature times its scale (1 for the fixed term)."""
+    columns = []
+    for term in terms:
+        feature, scale, _ = TERMS[term]
+        if feature is None:
+            columns.append(np.ones(len(steps)))
+        else:
+            columns.append(steps[feature].to_numpy(dtype=np.float64) * scale)
+    return np.column_stack(columns) if columns else np.zeros((len(steps), 0))
+
+
+def fit_coefficients(
+    steps: pd.DataFrame, terms: Sequence[str] = tuple(TERMS)
+) -> tuple[dict[str, float], list[str]]:
+    """Non-negative coefficients by relative least squares; returns (coefficients, dropped)."""
+    measured = steps["wall_s"].to_numpy(dtype=np.float64)
+    weights = 1.0 / measured
+    kept = [t for t in terms if _varies(steps, t)]
+    dropped = [t for t in terms if t not in kept]
+    while kept:
+        matrix = design_matrix(steps, kept) * weights[:, None]
+        solution, *_ = np.linalg.lstsq(matrix, np.ones_like(measured), rcond=None)
+        if (solution >= 0).all():
+            return dict(zip(kept, map(float, solution), strict=True)), dropped
+        worst = kept[int(np.argmin(solution))]
+        kept.remove(worst)
+        dropped.append(worst)
+    return {}, dropped
+
+
+def _varies(steps: pd.DataFrame, term: str) -> bool:
+    """A feature that never changes cannot be told apart from the fixed cost."""
+    feature = TERMS[term][0]
+    return feature is None or steps[feature].nunique() > 1
+
+
+def fittable_steps(steps: pd.DataFrame) -> pd.DataFrame:
+    """The steps a fit may use: timed, with work in them. (The engines are warmed up before
+    they are measured, `RunConfig.warmup`, so no first step pays one-off costs.)"""
+    return steps[steps["wall_s"].notna() & (steps["wall_s"] > 0) & (steps["tokens"] > 0)]
+
+
+def residuals(profile: StepCostProfile, steps: pd.DataFrame) -> pd.Series:
+    """Relative error of each step's modelled cost: (predicted - measured) / measured."""
+    predicted = predict_steps(profile, steps)
+    return (predicted - steps["wall_s"]) / steps["wall_s"]
+
+
+def predict_steps(profile: StepCostProfile, steps: pd.DataFrame) -> pd.Series:
+    terms = list(profile.coefficients)
+    values = design_matrix(steps, terms) @ np.array([profile.coefficients[t] for t in terms])
+    return pd.Series(values, index=steps.index)
+
+
+def residual_summary(profile: StepCostProfile, steps: pd.DataFrame) -> dict[str, float]:
+    """What the fit leaves: relative errors per step (median of absolute values, 90th
+    percentile) and of the summed time (the error a whole run would carry)."""
+    error = residuals(profile, steps)
+    total_error = predict_steps(profile, steps).sum() / steps["wall_s"].sum() - 1.0
+    return {
+        "steps": int(len(steps)),
+        "median_abs_rel_error": round(float(error.abs().median()), 4),
+        "p90_abs_rel_error": round(float(error.abs().quantile(0.9)), 4),
+        "summed_time_rel_error": round(float(total_error), 4),
+    }
+
+
+def outside_step_costs(steps: pd.DataFrame) -> tuple[float, float]:
+    """(admit_s per request, loop_s per step): medians of what the driver measured."""
+    handed = steps[steps["admitted"] > 0]
+    admit = handed["admit_s"] / handed["admitted"]
+    gaps = steps["gap_s"].dropna()
+    return (
+        float(admit.median()) if len(admit) else 0.0,
+        float(gaps.median()) if len(gaps) else 0.0,
+    )
+
+
+def fit_profile(
+    steps: pd.DataFrame,
+    identity: Mapping[str, Any],
+    *,
+    terms: Sequence[str] | None = None,
+    held_out: pd.DataFrame | None = None,
+) -> StepCostProfile:
+    """A profile from measured steps; `held_out` steps, when given, are not fitted, and
+    their residuals are reported beside."""
+    if terms is None:  # every term whose feature was recorded (older logs have fewer)
+        terms = [t for t, (feature, _, _) in TERMS.items() if feature in (None, *steps.columns)]
+    usable = fittable_steps(steps)
+    if len(usable) < 2 * len(terms):
+        raise ValueError(
+            f"{len(usable)} usable steps cannot fit {len(terms)} terms: calibrate with more work"
+        )
+    coefficients, dropped = fit_coefficients(usable, terms)
+    admit_s, loop_s = outside_step_costs(steps)
+    profile = StepCostProfile(coefficients, admit_s, loop_s, dict(identity))
+    fit: dict[str, Any] = {
+        "method": "least squares on relative error, non-negative terms",
+        "dropped_terms": dropped,
+        "fitted": residual_summary(profile, usable),
+    }
+    if held_out is not None:
+        fit["held_out"] = residual_summary(profile, fittable_steps(held_out))
+    return StepCostProfile(coefficients, admit_s, loop_s, dict(identity), fit)

@@ -1,0 +1,169 @@
+"""The workloads a clock is calibrated on, and the held-out ones it is validated on.
+
+Calibration varies what a step's cost depends on, one thing at a time where it can:
+- `prefill-ladder`: one request at a time, prompts from 32 tokens to near the context, so
+  prefill steps of every size (tokens and attention pairs grow together only in part: the
+  ladder's decode steps then read contexts of every length);
+- `decode-batch`: every request at once, replies of staggered lengths, so decode batches
+  shrink from all requests to one, at contexts of several lengths;
+- `mixed-cached`: closed-loop multi-turn conversations sharing a system prompt: prefills
+  beside decodes, and cache hits;
+- `open-loop`: single-turn requests of random length arriving as a Poisson process, so
+  requests join a running batch one by one, as they do in serving.
+Every workload keeps the engine's settings (the token budget included): a profile holds for
+the settings it was measured with.
+
+Held out (never fitted): real ShareGPT traffic, as conversations in closed loop and as
+single-turn requests arriving open-loop (Poisson). Their size depends on the device: a CPU
+runs a tiny model slowly, a GPU a real-size shape quickly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.engines.config import RunConfig
+from analysis.engines.synthetic import BOS_ID, EOT_ID, TEXT_ID_LIMIT, _frame, _row, synthetic_trace
+
+
+@dataclass(frozen=True)
+class TimingWorkload:
+    """A trace (a frame builder, or None for the config's trace file) and its run settings."""
+
+    name: str
+    trace: Callable[[], pd.DataFrame] | None
+    changes: dict[str, Any]
+
+    def config(self, base: RunConfig) -> RunConfig:
+        return base.with_(**self.changes)
+
+    def frame(self) -> pd.DataFrame | None:
+        return None if self.trace is None else self.trace()
+
+
+# Sizes per device: the longest ladder prompt, decode-batch requests, mixed clients, open-loop
+# requests and their rate per second; held out: conversations, single-turn requests, their
+# Poisson rate per second, and the cap on replies.
+SIZES = {
+    "cpu": {
+        "ladder_max": 1536,
+        "batch": 24,
+        "clients": 6,
+        "conversations": 16,
+        "singles": 48,
+        "rate": 2.0,
+        "reply_cap": 32,
+        "open": 40,
+        "open_rate": 3.0,
+    },
+    "cuda": {
+        "ladder_max": 3584,
+        "batch": 96,
+        "clients": 16,
+        "conversations": 48,
+        "singles": 256,
+        "rate": 20.0,
+        "reply_cap": 64,
+        "open": 240,
+        "open_rate": 30.0,
+    },
+}
+
+
+def prefill_ladder(max_tokens: int, seed: int = 11) -> pd.DataFrame:
+    """Single-turn requests, prompts on a geometric ladder from 32 to `max_tokens`, 4 tokens
+    of reply each; no two share a first block."""
+    rng = np.random.default_rng(seed)
+    lengths = np.unique(np.geomspace(32, max_tokens, 14).astype(int))
+    rows = []
+    for i, length in enumerate(lengths):
+        prompt = np.concatenate([[BOS_ID], rng.integers(0, TEXT_ID_LIMIT, length - 1)])
+        reply = np.concatenate([rng.integers(0, TEXT_ID_LIMIT, 3), [EOT_ID]])
+        rows.append(_row(f"ladder{i:03d}", 0, prompt.astype(np.int32), reply.astype(np.int32), i))
+    return _frame(rows)
+
+
+def decode_batch(count: int, seed: int = 12) -> pd.DataFrame:
+    """`count` single-turn requests at once, prompts of 64-768 tokens, replies of 2 to
+    2 * count tokens: the decode batch shrinks one request at a time."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(count):
+        length = int(rng.integers(64, 769))
+        prompt = np.concatenate([[BOS_ID], rng.integers(0, TEXT_ID_LIMIT, length - 1)])
+        reply = np.concatenate([rng.integers(0, TEXT_ID_LIMIT, 2 * i + 1), [EOT_ID]])
+        rows.append(_row(f"batch{i:03d}", 0, prompt.astype(np.int32), reply.astype(np.int32), i))
+    return _frame(rows)
+
+
+def calibration_workloads(device: str) -> list[TimingWorkload]:
+    size = SIZES[device]
+    return [
+        TimingWorkload(
+            "prefill-ladder",
+            lambda: prefill_ladder(size["ladder_max"]),
+            {"mode": "closed-loop", "concurrency": 1},
+        ),
+        TimingWorkload(
+            "decode-batch",
+            lambda: decode_batch(size["batch"]),
+            {"mode": "batch"},
+        ),
+        TimingWorkload(
+            "mixed-cached",
+            lambda: synthetic_trace(
+                num_conversations=3 * size["clients"],
+                turns=3,
+                user_tokens=(30, 240),
+                reply_tokens=(8, 40),
+                shared_prefix=256,
+                seed=13,
+            ),
+            {"mode": "closed-loop", "concurrency": size["clients"]},
+        ),
+        TimingWorkload(
+            "open-loop",
+            lambda: synthetic_trace(
+                num_conversations=size["open"],
+                turns=1,
+                user_tokens=(16, 1024),
+                reply_tokens=(8, 64),
+                seed=14,
+            ),
+            {"mode": "poisson", "arrival_rate": size["open_rate"]},
+        ),
+    ]
+
+
+def held_out_workloads(device: str) -> list[TimingWorkload]:
+    """Real ShareGPT traffic the profile never saw (the traces under data/traces/)."""
+    size = SIZES[device]
+    return [
+        TimingWorkload(
+            "sharegpt-conversations",
+            None,
+            {
+                "trace": "multi_turn",
+                "mode": "closed-loop",
+                "concurrency": 4,
+                "limit": size["conversations"],
+                "max_output_tokens": size["reply_cap"],
+            },
+        ),
+        TimingWorkload(
+            "sharegpt-poisson",
+            None,
+            {
+                "trace": "single_turn",
+                "mode": "poisson",
+                "arrival_rate": size["rate"],
+                "limit": size["singles"],
+                "max_output_tokens": size["reply_cap"],
+            },
+        ),
+    ]

@@ -1,0 +1,297 @@
+"""Time from replay: what a step scheduled, the clock that charges it, arrivals in seconds, the
+fit, the profile's identity, and calibration on the real CPU engine end to end."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.engines import RunConfig
+from analysis.engines.clock import StepCostProfile, load_profile
+from analysis.engines.result import REQUEST_TIME_COLUMNS
+from analysis.engines.synthetic import identical_requests, synthetic_trace
+from analysis.engines.timed_arrivals import TimedArrivals
+from analysis.engines.workload import build_workload
+from analysis.platform.errors import ConfigError
+from analysis.runs import run
+from analysis.timing.fit import fit_profile
+
+COEFFICIENTS = {"fixed": 0.004, "token": 2e-5, "new_request": 1e-3, "decode_context": 5e-4}
+
+
+def write_profile(path, identity=None, **changes) -> str:
+    data = {
+        "coefficients": COEFFICIENTS,
+        "admit_s": 2e-4,
+        "loop_s": 1e-4,
+        "identity": identity or {},
+        **changes,
+    }
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def timed(config: RunConfig, profile: str) -> RunConfig:
+    return config.with_(engine="replay", clock=profile)
+
+
+# --------------------------------------------------------------------------- step make-up
+@pytest.mark.engine
+def test_the_step_log_reads_what_vllm_scheduled(tmp_path):
+    """Three identical 100-token prompts at once: the first step prefills what each did not
+    hit (vLLM's own hits, from the admissions), the next decodes each against its 101 tokens."""
+    trace = identical_requests(3, 100, reply_tokens=4)
+    config = RunConfig(block_size=16, num_blocks=64, max_model_len=512, mode="batch")
+    result = run(trace, timed(config, write_profile(tmp_path / "p.json")), progress=False)
+    first, second = result.steps.iloc[0], result.steps.iloc[1]
+    hits = result.admissions.loc[result.admissions["step"] == 1, "tokens_hit"].to_numpy()
+    computed = 100 - hits
+    assert len(hits) == 3
+    assert first["tokens"] == computed.sum()
+    assert first[["sequences", "new_requests", "prefill_requests", "sampled"]].tolist() == [3] * 4
+    assert first["prefill_pairs"] == int((computed * hits + computed * (computed + 1) // 2).sum())
+    assert first["decode_context"] == 0
+    assert second[["tokens", "sequences", "new_requests", "prefill_requests"]].tolist() == [
+        3,
+        3,
+        0,
+        0,
+    ]
+    assert second["decode_context"] == 3 * 101
+
+
+@pytest.mark.engine
+def test_a_request_leaving_and_one_entering_are_counted(tmp_path):
+    trace = synthetic_trace(num_conversations=2, turns=1, user_tokens=40, reply_tokens=3)
+    config = RunConfig(num_blocks=64, max_model_len=512, concurrency=1)
+    steps = run(trace, timed(config, write_profile(tmp_path / "p.json")), progress=False).steps
+    entering = steps[steps["new_requests"] == 1]
+    assert entering["step"].tolist() == [1, 5]  # 3 reply tokens + <|eot_id|>: 4 steps each
+    assert steps["finished_requests"].tolist() == [0, 0, 0, 0, 1, 0, 0, 0]
+
+
+# --------------------------------------------------------------------------- the clock
+@pytest.mark.engine
+@pytest.mark.parametrize("mode", ["batch", "closed-loop"])
+def test_replay_on_a_clock_counts_exactly_as_replay_in_steps(tmp_path, mode):
+    """The clock only adds time: every admission, hit and preemption is the same (a small
+    cache, so that preemptions happen)."""
+    trace = synthetic_trace(num_conversations=10, turns=3, shared_prefix=64, seed=3)
+    config = RunConfig(
+        block_size=16, num_blocks=40, max_model_len=512, mode=mode, concurrency=4, limit=None
+    )
+    plain = run(trace, config, progress=False)
+    clocked = run(trace, timed(config, write_profile(tmp_path / "p.json")), progress=False)
+    assert plain.summary["preemptions"] > 0
+    assert clocked.summary["all_prefill"] == plain.summary["all_prefill"]
+    assert clocked.summary["first_prefill"] == plain.summary["first_prefill"]
+    pd.testing.assert_frame_equal(
+        clocked.admissions.drop(columns="time_s"), plain.admissions.drop(columns="time_s")
+    )
+    columns = list(REQUEST_TIME_COLUMNS)
+    pd.testing.assert_frame_equal(
+        clocked.requests.drop(columns=columns), plain.requests.drop(columns=columns)
+    )
+
+
+@pytest.mark.engine
+def test_each_step_is_charged_its_modelled_cost(tmp_path):
+    trace = synthetic_trace(num_conversations=4, turns=2, seed=5)
+    path = write_profile(tmp_path / "p.json")
+    result = run(
+        trace,
+        timed(RunConfig(num_blocks=256, max_model_len=1024, concurrency=2), path),
+        progress=False,
+    )
+    profile, steps = load_profile(path), result.steps
+    modelled = [profile.step_seconds(row) for row in steps.to_dict("records")]
+    np.testing.assert_allclose(steps["wall_s"], modelled)
+    # a step starts when the previous one, its loop time and the requests handed over end
+    gaps = steps["start_s"].diff().iloc[1:].to_numpy()
+    charged = (steps["wall_s"] + profile.loop_s).iloc[:-1].to_numpy() + (
+        profile.admit_s * steps["admitted"].iloc[1:].to_numpy()
+    )
+    np.testing.assert_allclose(gaps, charged, atol=1e-12)
+    requests = result.requests
+    np.testing.assert_allclose(
+        requests["ttft_s"], requests["first_token_s"] - requests["arrival_s"]
+    )
+    assert (requests["ttft_s"] > 0).all() and (requests["e2e_s"] >= requests["ttft_s"]).all()
+
+
+@pytest.mark.engine
+def test_a_think_time_delays_each_next_turn(tmp_path):
+    trace = synthetic_trace(num_conversations=2, turns=3, seed=6)
+    config = RunConfig(num_blocks=256, max_model_len=1024, concurrency=2, think_time_s=0.5)
+    requests = run(
+        trace, timed(config, write_profile(tmp_path / "p.json")), progress=False
+    ).requests
+    for _, turns in requests.sort_values("turn_index").groupby("conversation_id"):
+        later = turns["arrival_s"].to_numpy()[1:]
+        np.testing.assert_allclose(later, turns["finish_s"].to_numpy()[:-1] + 0.5)
+
+
+def test_poisson_arrivals_follow_the_rate_and_the_seed():
+    trace = synthetic_trace(num_conversations=2000, turns=1, user_tokens=4, reply_tokens=2)
+    workload = build_workload(trace, RunConfig(max_model_len=64))
+
+    def starts(seed: int) -> np.ndarray:
+        arrivals = TimedArrivals(workload, "poisson", 1, arrival_rate=50.0, seed=seed)
+        arrivals.due(float("inf"))
+        return arrivals.arrival_s
+
+    first, again, other = starts(1), starts(1), starts(2)
+    np.testing.assert_array_equal(first, again)
+    assert not np.array_equal(first, other)
+    assert first[0] == 0.0 and (np.diff(first) >= 0).all()
+    assert np.diff(first).mean() == pytest.approx(1 / 50.0, rel=0.1)
+
+
+def test_timed_arrivals_hand_over_only_what_has_arrived():
+    trace = synthetic_trace(num_conversations=3, turns=2, seed=7)
+    workload = build_workload(trace, RunConfig(max_model_len=4096))
+    arrivals = TimedArrivals(workload, "closed-loop", 2, think_time_s=1.0)
+    assert arrivals.due(0.0) == [0, 2]  # the first turns of two clients' conversations
+    arrivals.after_finished([0], now=3.0)
+    assert arrivals.due(3.5) == [] and arrivals.next_time() == 4.0
+    assert arrivals.due(4.0) == [1]
+    arrivals.after_finished([1], now=5.0)  # conversation over: the client starts the next one
+    assert arrivals.due(5.0) == [4]
+
+
+# --------------------------------------------------------------------------- bad settings
+@pytest.mark.parametrize(
+    ("changes", "words"),
+    [
+        ({"mode": "poisson"}, "--arrival-rate"),
+        ({"mode": "poisson", "arrival_rate": -1.0, "clock": "p.json"}, "--arrival-rate"),
+        ({"think_time_s": -0.1}, "think_time_s"),
+        ({"engine": "vllm", "clock": "p.json", "block_size": 32}, "drop --clock"),
+        ({"think_time_s": 1.0}, "need a clock"),
+        ({"engine": "fleet", "replicas": 2, "clock": "p.json"}, "drop --clock"),
+    ],
+)
+def test_impossible_time_settings_are_one_line(changes, words):
+    from analysis.engines.config import validate
+
+    with pytest.raises(ConfigError, match=words) as error:
+        validate(RunConfig(**changes), check_environment=False)
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.engine
+def test_a_profile_for_another_model_is_refused_unless_asked(tmp_path):
+    identity = {"model": {"name": "llama-3.1-8b", "num_layers": 32}, "vllm": "0.32.0"}
+    path = write_profile(tmp_path / "p.json", identity)
+    trace = synthetic_trace(num_conversations=2, turns=1)
+    config = timed(RunConfig(num_blocks=128, max_model_len=1024), path)
+    with pytest.raises(ConfigError, match="model: profile") as error:
+        run(trace, config, progress=False)
+    assert "--clock-anyway" in str(error.value)
+    result = run(trace, config.with_(clock_anyway=True), progress=False)
+    differences = result.manifest["engine"]["clock"]["identity_differences"]
+    assert len(differences) == 1 and differences[0].startswith("model:")
+
+
+def test_a_missing_or_broken_profile_says_how_to_make_one(tmp_path):
+    with pytest.raises(ConfigError, match="python -m analysis calibrate"):
+        load_profile(tmp_path / "none.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="cannot be read"):
+        load_profile(tmp_path / "bad.json")
+    (tmp_path / "odd.json").write_text(json.dumps({"coefficients": {"warp": 1.0}}))
+    with pytest.raises(ConfigError):
+        load_profile(tmp_path / "odd.json")
+
+
+# --------------------------------------------------------------------------- the fit
+def test_the_fit_recovers_known_coefficients():
+    rng = np.random.default_rng(0)
+    n = 400
+    steps = pd.DataFrame(
+        {
+            "tokens": rng.integers(1, 2000, n),
+            "sequences": rng.integers(1, 64, n),
+            "new_requests": rng.integers(0, 4, n),
+            "finished_requests": rng.integers(0, 3, n),
+            "prefill_requests": rng.integers(0, 4, n),
+            "sampled": rng.integers(1, 64, n),
+            "prefill_pairs": rng.integers(0, 2_000_000, n),
+            "decode_context": rng.integers(0, 50_000, n),
+            "admitted": rng.integers(0, 3, n),
+            "admit_s": 0.0,
+            "gap_s": 1e-4,
+        }
+    )
+    truth = StepCostProfile(COEFFICIENTS, 0.0, 1e-4)
+    noise = rng.normal(1.0, 0.01, n)
+    steps["wall_s"] = [truth.step_seconds(r) for r in steps.to_dict("records")] * noise
+    fitted = fit_profile(steps, {"machine": "test"})
+    for term, value in COEFFICIENTS.items():
+        assert fitted.coefficients[term] == pytest.approx(value, rel=0.05), term
+    others = {t: c for t, c in fitted.coefficients.items() if t not in COEFFICIENTS}
+    spurious = StepCostProfile(others, 0.0, 0.0) if others else None
+    if spurious is not None:  # what the terms absent from the truth add: noise-sized
+        added = np.mean([spurious.step_seconds(r) for r in steps.to_dict("records")])
+        assert added < 0.01 * steps["wall_s"].mean()
+    assert fitted.fit["fitted"]["median_abs_rel_error"] < 0.02
+    assert fitted.loop_s == pytest.approx(1e-4)
+
+
+# --------------------------------------------------------------------------- the real engine
+@pytest.mark.engine
+def test_calibrate_on_the_real_cpu_engine(tmp_path, monkeypatch):
+    """The real CPU engine measured, a profile fitted and written, and replay's steps equal
+    to the real engine's step by step on every workload whose arrivals are in steps."""
+    from analysis.timing import calibrate, held_out, workloads, write
+
+    monkeypatch.setitem(
+        workloads.SIZES,
+        "cpu",
+        {
+            "ladder_max": 256,
+            "batch": 6,
+            "clients": 2,
+            "open": 8,
+            "open_rate": 20.0,
+            "conversations": 3,
+            "singles": 8,
+            "rate": 20.0,
+            "reply_cap": 8,
+        },
+    )
+    # held out here: synthetic conversations (the ShareGPT ones need the whole trace build)
+    held = [replace(workloads.calibration_workloads("cpu")[2], name="held-out-conversations")]
+    monkeypatch.setattr("analysis.timing.calibration.held_out_workloads", lambda device: held)
+    result = calibrate("cpu", say=lambda line: None)
+    profile = result.profile
+    assert profile.coefficients.get("fixed", 0) > 0
+    assert profile.identity["machine"]["kind"] == "cpu"
+    assert profile.identity["model_runner"] in ("v1", "v2")
+    assert set(result.steps["run"]) == {
+        "prefill-ladder",
+        "decode-batch",
+        "mixed-cached",
+        "open-loop",
+    }
+    assert np.isfinite(result.validation.filter(like="_error").to_numpy(dtype=float)).all()
+    folder = write(result, tmp_path / "calibration")
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "held_out_steps.parquet",
+        "manifest.json",
+        "profile.json",
+        "requests.parquet",
+        "steps.parquet",
+        "validation.csv",
+    ]
+    makeup = held_out.same_steps(
+        held_out.read_steps(folder),
+        folder / "profile.json",
+        workloads.calibration_workloads("cpu"),
+        "cpu",
+    )
+    assert len(makeup) == 3 and makeup["identical"].all(), makeup
