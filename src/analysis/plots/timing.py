@@ -1,0 +1,48 @@
+"""Figures of notebook 17: replay on a calibrated clock against the real engine."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+
+def ttft_scatter_figure(per_request: pd.DataFrame, where: str) -> Figure:
+    """Per request, TTFT predicted by replay on the clock against TTFT measured by the real
+    engine, one panel per held-out workload, with the line of equality."""
+    workloads = list(dict.fromkeys(per_request["workload"]))
+    fig, axes = plt.subplots(1, len(workloads), figsize=(4.2 * len(workloads), 4.2), squeeze=False)
+    for ax, name in zip(axes[0], workloads, strict=True):
+        rows = per_request[per_request["workload"] == name]
+        measured = rows["measured_ttft_s"] * 1e3
+        predicted = rows["replayed_ttft_s"] * 1e3
+        ax.scatter(measured, predicted, s=10, alpha=0.6)
+        top = float(np.nanmax([measured.max(), predicted.max()])) * 1.05
+        ax.plot([0, top], [0, top], "k--", lw=1, label="predicted = measured")
+        ax.set_xlim(0, top)
+        ax.set_ylim(0, top)
+        ax.set_xlabel("measured TTFT, real engine (ms)")
+        ax.set_ylabel("predicted TTFT, replay on the clock (ms)")
+        ax.set_title(f"{name} ({len(rows)} requests)", fontsize=10)
+        ax.legend(fontsize=8, loc="upper left")
+    fig.suptitle(f"TTFT per request, held out: replay's prediction against {where}")
+    fig.tight_layout()
+    return fig
+
+
+def step_ratio_figure(ratios: pd.DataFrame, where: str) -> Figure:
+    """The distribution of measured / modelled step time per run (1 = the profile's speed):
+    how far each run's machine speed strayed from the one the profile was fitted to."""
+    runs = list(dict.fromkeys(ratios["run"]))
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    data = [ratios.loc[ratios["run"] == run, "ratio"].to_numpy() for run in runs]
+    ax.boxplot(data, showfliers=False)
+    ax.set_xticks(np.arange(1, len(runs) + 1), runs, rotation=20, ha="right")
+    ax.axhline(1.0, color="k", ls="--", lw=1, label="the profile's speed")
+    ax.set_ylabel("step time: measured / modelled")
+    ax.set_xlabel("run (calibration workloads, then held out)")
+    ax.set_title(f"How each run's steps compare with the profile ({where})")
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    return fig
