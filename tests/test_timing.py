@@ -295,3 +295,33 @@ def test_calibrate_on_the_real_cpu_engine(tmp_path, monkeypatch):
         "cpu",
     )
     assert len(makeup) == 3 and makeup["identical"].all(), makeup
+
+
+def test_the_run_command_refuses_bad_time_settings_in_one_line(tmp_path, capsys):
+    from analysis import cli
+
+    base = ["run", "--engine", "replay", "--results-dir", str(tmp_path), "--no-progress"]
+    assert cli.main([*base, "--mode", "poisson"]) == 2
+    assert "--arrival-rate" in capsys.readouterr().err
+    trace = tmp_path / "t.parquet"
+    synthetic_trace(num_conversations=2, turns=1).to_parquet(trace)
+    missing = str(tmp_path / "none.json")
+    args = ["--clock", missing, "--trace", str(trace), "--max-model-len", "1024"]
+    assert cli.main([*base, *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "step-cost profile" in err and "not found" in err
+
+
+@pytest.mark.engine
+def test_the_run_command_prints_latencies_on_a_clock(tmp_path, capsys):
+    from analysis import cli
+
+    trace = tmp_path / "t.parquet"
+    synthetic_trace(num_conversations=4, turns=2, seed=8).to_parquet(trace)
+    profile = write_profile(tmp_path / "p.json")
+    args = ["run", "--engine", "replay", "--trace", str(trace), "--clock", profile]
+    args += ["--num-blocks", "256", "--max-model-len", "1024", "--mode", "poisson"]
+    args += ["--arrival-rate", "5", "--results-dir", str(tmp_path / "r"), "--no-progress"]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert "TTFT mean" in out and "requests/s" in out and "-poisson5-" in out

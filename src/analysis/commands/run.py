@@ -8,6 +8,11 @@ A fleet of 4 replay engines, 600 blocks each, behind session affinity with a loa
     python -m analysis run --engine fleet --replicas 4 --router affinity-cap1.25 \\
         --num-blocks 600 --concurrency 32
 
+Replay on a clock measured by `python -m analysis calibrate`, requests arriving as a Poisson
+process of 4 conversations a second, 2 s of thinking between a reply and the next turn:
+    python -m analysis run --engine replay --clock data/results/calibration/X/profile.json \
+        --mode poisson --arrival-rate 4 --think-time 2
+
 The result goes to `data/results/<config id>/`. A configuration already finished there is not
 run again unless `--force`. The folder is built under a temporary name and renamed at the end
 (manifest.json written last), so an interrupted run leaves nothing that looks complete.
@@ -97,6 +102,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     routers = ", ".join(n if p is None else f"{n}[-{p}X]" for n, p in ROUTERS.items())
     parser.add_argument("--router", default=d.router, help=f"fleet: one of {routers}")
+    parser.add_argument(
+        "--arrival-rate", type=float, default=None, help="poisson: conversations started per second"
+    )
+    parser.add_argument(
+        "--think-time",
+        type=float,
+        default=d.think_time_s,
+        help="seconds between a reply and the conversation's next turn (closed-loop, poisson)",
+    )
+    parser.add_argument(
+        "--clock",
+        default=None,
+        help="replay: a step-cost profile (python -m analysis calibrate) that gives steps time",
+    )
+    parser.add_argument(
+        "--clock-anyway",
+        action="store_true",
+        help="use a profile measured for another model, vLLM or settings (recorded)",
+    )
+    parser.add_argument(
+        "--warmup", action="store_true", help="vllm: a few requests before the measured run"
+    )
     parser.add_argument("--force", action="store_true", help="run again even if finished")
     parser.add_argument("--results-dir", type=Path, default=None, help="default data/results")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -129,6 +156,11 @@ def config_from_args(args: argparse.Namespace):
         block_events=args.block_events,
         replicas=args.replicas,
         router=args.router,
+        arrival_rate=args.arrival_rate,
+        think_time_s=args.think_time,
+        clock=args.clock,
+        clock_anyway=args.clock_anyway,
+        warmup=args.warmup,
     )
 
 
@@ -146,6 +178,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"already finished: {folder} (use --force to run again)")
         return 0
     print(summary_line(result.summary, result.manifest))
+    timed = latency_line(result.requests)
+    if timed:
+        print(timed)
     print(f"written: {folder}")
     return 0
 
@@ -163,3 +198,21 @@ def summary_line(summary: dict, manifest: dict) -> str:
     if skipped:
         parts.append(f"{skipped} skipped (prompt >= max_model_len)")
     return ", ".join(parts)
+
+
+def latency_line(requests) -> str | None:
+    """TTFT, TPOT and throughput of a run that kept time (the real engine, replay on a clock)."""
+    from analysis.timing.calibration import latencies
+
+    done = requests[(requests["status"] == "finished") & requests["ttft_s"].notna()]
+    if done.empty:
+        return None
+    times = latencies(done)
+    span = float(done["finish_s"].max() - done["arrival_s"].min())
+    tpot = times["tpot_s"][done["output_tokens"] > 1]
+    return (
+        f"TTFT mean {times['ttft_s'].mean() * 1e3:.1f} ms, p50 "
+        f"{times['ttft_s'].median() * 1e3:.1f} ms, p90 {times['ttft_s'].quantile(0.9) * 1e3:.1f} "
+        f"ms; TPOT mean {tpot.mean() * 1e3:.2f} ms; {len(done) / span:.2f} requests/s over "
+        f"{span:.2f} s"
+    )
