@@ -325,3 +325,28 @@ def test_the_run_command_prints_latencies_on_a_clock(tmp_path, capsys):
     assert cli.main(args) == 0
     out = capsys.readouterr().out
     assert "TTFT mean" in out and "requests/s" in out and "-poisson5-" in out
+
+
+@pytest.mark.engine
+def test_a_timed_run_exports_a_chrome_timeline(tmp_path, capsys):
+    from analysis import cli
+
+    trace = tmp_path / "t.parquet"
+    synthetic_trace(num_conversations=3, turns=2, seed=9).to_parquet(trace)
+    out = tmp_path / "timeline.json"
+    args = ["run", "--engine", "replay", "--trace", str(trace), "--max-model-len", "1024"]
+    args += ["--num-blocks", "256", "--results-dir", str(tmp_path / "r"), "--no-progress"]
+    assert cli.main([*args, "--timeline", str(out)]) == 2  # no clock: no time to show
+    assert "--timeline needs" in capsys.readouterr().err
+    profile = write_profile(tmp_path / "p.json")
+    assert cli.main([*args, "--clock", profile, "--timeline", str(out)]) == 0
+    events = json.loads(out.read_text())["traceEvents"]
+    steps = [e for e in events if e["ph"] == "X" and e["pid"] == 1]
+    spans = [e for e in events if e["ph"] == "X" and e["pid"] == 2]
+    assert len(steps) > 0 and all(e["dur"] > 0 for e in steps)
+    assert {e["name"] for e in spans} <= {"waiting", "prefill", "decode"}
+    for tid in {e["tid"] for e in spans}:  # a request's spans follow one another
+        mine = sorted((e for e in spans if e["tid"] == tid), key=lambda e: e["ts"])
+        for a, b in zip(mine, mine[1:], strict=False):
+            assert b["ts"] == pytest.approx(a["ts"] + a["dur"], abs=1e-3)
+    assert len({e["tid"] for e in spans}) == 6

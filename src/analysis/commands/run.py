@@ -124,6 +124,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--warmup", action="store_true", help="vllm: a few requests before the measured run"
     )
+    parser.add_argument(
+        "--timeline",
+        type=Path,
+        default=None,
+        help="write a run that kept time as Chrome trace-event JSON (Perfetto opens it)",
+    )
     parser.add_argument("--force", action="store_true", help="run again even if finished")
     parser.add_argument("--results-dir", type=Path, default=None, help="default data/results")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -168,6 +174,10 @@ def main(args: argparse.Namespace) -> int:
     from analysis.runs import run_and_write
 
     config = config_from_args(args)
+    if args.timeline is not None and not (config.engine == "vllm" or config.clock):
+        from analysis.platform.errors import ConfigError
+
+        raise ConfigError("--timeline needs a run that keeps time: --engine vllm, or --clock")
     folder, result = run_and_write(
         config,
         args.results_dir,
@@ -175,12 +185,21 @@ def main(args: argparse.Namespace) -> int:
         progress=False if args.no_progress else None,
     )
     if result is None:
-        print(f"already finished: {folder} (use --force to run again)")
-        return 0
+        if args.timeline is not None:
+            from analysis.engines.result import RunResult
+
+            result = RunResult.read(folder)
+        else:
+            print(f"already finished: {folder} (use --force to run again)")
+            return 0
     print(summary_line(result.summary, result.manifest))
     timed = latency_line(result.requests)
     if timed:
         print(timed)
+    if args.timeline is not None:
+        from analysis.timing.timeline import write_chrome_trace
+
+        print(f"timeline: {write_chrome_trace(result, args.timeline)}")
     print(f"written: {folder}")
     return 0
 

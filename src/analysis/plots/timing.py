@@ -46,3 +46,38 @@ def step_ratio_figure(ratios: pd.DataFrame, where: str) -> Figure:
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     return fig
+
+
+def timeline_figure(sides: dict[str, pd.DataFrame], seconds: float, title: str) -> Figure:
+    """Requests as bars over the first `seconds` of a run, one panel per side (measured,
+    predicted): arrival to first token (waiting and prefill), then first token to finish
+    (decode)."""
+    fig, axes = plt.subplots(len(sides), 1, figsize=(9, 2.4 * len(sides)), sharex=True)
+    axes = np.atleast_1d(axes)
+    for ax, (label, spans) in zip(axes, sides.items(), strict=True):
+        rows = spans[spans["arrival_s"] <= seconds].sort_values("arrival_s")
+        y = np.arange(len(rows))
+        ax.barh(
+            y,
+            rows["first_token_s"] - rows["arrival_s"],
+            left=rows["arrival_s"],
+            height=0.8,
+            color="#DD8452",
+            label="arrival to first token",
+        )
+        ax.barh(
+            y,
+            rows["finish_s"] - rows["first_token_s"],
+            left=rows["first_token_s"],
+            height=0.8,
+            color="#4C72B0",
+            label="decode",
+        )
+        ax.set_ylabel(f"{label}\nrequests")
+        ax.set_yticks([])
+        ax.set_xlim(0, seconds)
+    axes[0].legend(fontsize=8, loc="upper left")
+    axes[-1].set_xlabel("time since the first arrival (s)")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
