@@ -133,9 +133,9 @@ def run_vllm(
     cached_reported = np.full(n, -1, dtype=np.int64)
     generated: dict[int, list[int]] = {}
     unfinished = 0
+    handed = {"requests": 0, "seconds": 0.0}  # handed to the engine since the last step
 
-    def submit(indices: list[int]) -> float:
-        """Hand `indices` to the engine; returns the seconds that took."""
+    def submit(indices: list[int]) -> None:
         nonlocal unfinished
         began = time.perf_counter()
         for index in indices:
@@ -156,27 +156,28 @@ def run_vllm(
             if np.isnan(recorder.arrival_seconds[index]):  # untimed: it arrives as it is sent
                 recorder.arrival_seconds[index] = recorder.submit_seconds[index]
             unfinished += 1
-        return time.perf_counter() - began
+        handed["requests"] += len(indices)
+        handed["seconds"] += time.perf_counter() - began
 
     arrivals = _arrivals(workload, config)
     timed = isinstance(arrivals, TimedArrivals)
 
-    def submit_arrived() -> tuple[int, float]:
-        """Timed arrivals: send every request whose time has come; (count, seconds)."""
+    def submit_arrived() -> None:
+        """Timed arrivals: send every request whose time has come."""
         due = arrivals.due(recorder.now())
         recorder.arrival_seconds[due] = arrivals.arrival_s[due]
-        return len(due), submit(due) if due else 0.0
+        submit(due)
 
     recorder.start_clock()
     started = time.perf_counter()
-    admitted, admit_s = submit_arrived() if timed else (0, submit(arrivals.initial()))
-    if not timed:
-        admitted = len(recorder.ids)
+    if timed:
+        submit_arrived()
+    else:
+        submit(arrivals.initial())
     previous_end: float | None = None
     while unfinished or (timed and arrivals.pending()):
         if timed:
-            count, seconds = submit_arrived()
-            admitted, admit_s = admitted + count, admit_s + seconds
+            submit_arrived()
             if not unfinished:
                 time.sleep(max(0.0, arrivals.next_time() - recorder.now()))
                 previous_end = None  # the idle wait is no loop overhead
@@ -188,9 +189,15 @@ def run_vllm(
         request_outputs = engine.step()
         now = time.perf_counter()
         if len(steps) > scheduled_before:
-            gap = np.nan if previous_end is None else step_start - previous_end - admit_s
-            steps.timed(step_start - recorder.started, now - step_start, admitted, admit_s, gap)
-            admitted, admit_s = 0, 0.0
+            gap = np.nan if previous_end is None else step_start - previous_end - handed["seconds"]
+            steps.timed(
+                step_start - recorder.started,
+                now - step_start,
+                handed["requests"],
+                handed["seconds"],
+                gap,
+            )
+            handed.update(requests=0, seconds=0.0)
         previous_end = now
         finished: list[int] = []
         for output in request_outputs:
@@ -213,9 +220,7 @@ def run_vllm(
             if timed:
                 arrivals.after_finished(finished, recorder.now())
             else:
-                count = len(recorder.ids)
-                admit_s += submit(arrivals.after_finished(finished))
-                admitted += len(recorder.ids) - count
+                submit(arrivals.after_finished(finished))
     loop_seconds = time.perf_counter() - started
     exported = {
         name: counter_values(llm).get(name, 0) - baseline.get(name, 0) for name in EXPORTED_COUNTERS
