@@ -91,17 +91,21 @@ def test_bad_dtype_is_one_line_error(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_dtype_none_keeps_earlier_config_ids_and_explicit_changes_them() -> None:
     import hashlib
 
-    from analysis.engines.config import FLEET_FIELDS
+    from analysis.engines.config import FLEET_FIELDS, TIME_FIELDS
 
     base = RunConfig()
-    # the absence of the fields added later (dtype; a fleet's replicas and router)
-    before = {k: v for k, v in base.to_dict().items() if k not in ("dtype", *FLEET_FIELDS)}
+    # the absence of the fields added later (dtype; a fleet's replicas and router; time)
+    later = ("dtype", *FLEET_FIELDS, *TIME_FIELDS)
+    before = {k: v for k, v in base.to_dict().items() if k not in later}
     payload = json.dumps(
         {"config": before, "trace_hash": "h", "extra": ""}, sort_keys=True, separators=(",", ":")
     )
     assert base.config_id("h").endswith(hashlib.sha256(payload.encode()).hexdigest()[:10])
     assert base.config_id("h") != base.with_(dtype="float32").config_id("h")
     assert base.with_(dtype="float32").readable_prefix().endswith("-float32")
+    timed = base.with_(think_time_s=1.0, clock="p.json")
+    assert timed.config_id("h") != base.config_id("h")
+    assert timed.readable_prefix().endswith("-think1-timed")
 
 
 def test_this_machine_is_described() -> None:
