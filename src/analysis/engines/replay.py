@@ -6,6 +6,11 @@ scheduler is built from the same `EngineArgs` as the real engine, requests are v
 `update_from_output()` with a `ModelRunnerOutput` that carries, for every request that
 finished its prefill, the next token of its workload outputs (its recorded reply by default).
 
+On a clock (`RunConfig.clock`, a step-cost profile from `python -m analysis calibrate`), each
+step is charged the profile's cost of what vLLM scheduled in it, requests arrive in seconds
+(`timed_arrivals`), and the run predicts TTFT, TPOT and throughput; the decode fast path is off
+there, since every step must be charged.
+
 Two of its savings live in `replay_fast_path` (the decode fast path, hashes a previous turn
 computed); two more change no result either: the model-runner payload of `schedule()`
 (`_make_cached_request_data`) is not built, as no model reads it, and Python's cyclic GC is

@@ -30,8 +30,8 @@ Folder `data/results/<config_id>/`:
 
 Steps are vLLM's scheduler steps (`Scheduler.current_step`), the same in both engines for the
 same workload; times are seconds since the first request was submitted, taken at the start of
-each step: in `vllm` the engine's wall clock, in `replay` only the replay's own (no model
-runs), so compare replay runs in steps.
+each step: in `vllm` the engine's wall clock, in `replay` on a clock the profile's modelled
+time, in plain `replay` only the replay's own (no model runs), so compare those in steps.
 """
 
 from __future__ import annotations
