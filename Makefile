@@ -86,6 +86,13 @@ GPU_CHECK_STAMP := $(if $(wildcard $(VENV)/.installed-gpu),$(VENV)/.installed-gp
 gpu-check: $(GPU_CHECK_STAMP) ## prove a GPU: real engine = replay per point, then TTFT on an 8B shape
 	$(PY) -m analysis gpu-check
 
+# The device to calibrate: cpu (the real CPU engine, a few minutes) or cuda (a GPU machine).
+DEVICE ?= cpu
+
+.PHONY: calibrate
+calibrate: traces ## measure the real engine's step costs, fit replay's clock, validate it (DEVICE=cuda on a GPU)
+	$(PY) -m analysis calibrate --device $(DEVICE)
+
 .PHONY: bench
 bench: traces ## time the heavy paths and print ratios measured in one run
 	$(PY) bench/run.py
