@@ -74,9 +74,11 @@ test: setup $(VENV)/.installed-extra-ray ## ruff + pytest (real vLLM and Ray inc
 	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --durations=15
 	$(MAKE) --no-print-directory nbval
 
+# The notebooks re-executed by nbval save their figures under reports/ (not committed), so that
+# a test run leaves the committed figures as they were.
 .PHONY: nbval
 nbval: setup ## re-execute the committed notebooks and compare their outputs
-	$(VENV)/bin/pytest --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg \
+	PREFIX_CACHE_LAB_FIGURES=reports/nbval-figures $(VENV)/bin/pytest --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg \
 	  --nbval-cell-timeout 1200 -p no:cacheprovider --durations=15 notebooks
 
 # A GPU machine set up with `make setup VARIANT=gpu` keeps its CUDA environment here.
