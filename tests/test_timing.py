@@ -267,7 +267,7 @@ def test_calibrate_on_the_real_cpu_engine(tmp_path, monkeypatch):
     # held out here: synthetic conversations (the ShareGPT ones need the whole trace build)
     held = [replace(workloads.calibration_workloads("cpu")[2], name="held-out-conversations")]
     monkeypatch.setattr("analysis.timing.calibration.held_out_workloads", lambda device: held)
-    result = calibrate("cpu", say=lambda line: None)
+    result = calibrate("cpu", repeats=2, say=lambda line: None)
     profile = result.profile
     assert profile.coefficients.get("fixed", 0) > 0
     assert profile.identity["machine"]["kind"] == "cpu"
@@ -279,6 +279,7 @@ def test_calibrate_on_the_real_cpu_engine(tmp_path, monkeypatch):
         "open-loop",
     }
     assert np.isfinite(result.validation.filter(like="_error").to_numpy(dtype=float)).all()
+    assert result.validation["against"].tolist() == ["replay on the clock", "real engine, repeat 2"]
     folder = write(result, tmp_path / "calibration")
     assert sorted(p.name for p in folder.iterdir()) == [
         "held_out_steps.parquet",

@@ -21,6 +21,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-validate", action="store_true", help="fit only; skip the held-out workloads"
     )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=2,
+        help="real-engine runs of each held-out workload (2 or more: its own spread is shown)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="the folder to write")
 
 
@@ -36,12 +42,20 @@ def main(args: argparse.Namespace) -> int:
     name = f"{args.device}-{base.model or 'tiny-llama'}-b{base.block_size}"
     folder = args.out or results_dir() / "calibration" / name
     ensure_writable(folder.parent)
+    if args.repeats < 1:
+        from analysis.platform.errors import UsageError
+
+        raise UsageError(f"--repeats must be 1 or more (got {args.repeats})")
     result = calibrate(
-        args.device, model=args.model, block_size=args.block_size, validate=not args.no_validate
+        args.device,
+        model=args.model,
+        block_size=args.block_size,
+        validate=not args.no_validate,
+        repeats=args.repeats,
     )
     write(result, folder)
     if result.validation is not None:
         with pd.option_context("display.width", 200, "display.max_columns", 40):
-            print(result.validation.round(4).T.to_string())
+            print(result.validation.round(4).set_index(["workload", "against"]).T.to_string())
     print(f"profile: {folder / 'profile.json'}")
     return 0

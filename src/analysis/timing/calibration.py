@@ -125,6 +125,7 @@ def calibrate(
     model: str | None = None,
     block_size: int | None = None,
     validate: bool = True,
+    repeats: int = 1,
     say: Callable[[str], None] = print,
 ) -> Calibration:
     """Measure, fit and (by default) validate on the held-out workloads."""
@@ -140,7 +141,7 @@ def calibrate(
     calibration = Calibration(profile, steps)
     if validate:
         validation, requests, held_out = validate_profile(
-            profile, base, held_out_workloads(device), say
+            profile, base, held_out_workloads(device), say, repeats=repeats
         )
         calibration.validation, calibration.requests = validation, requests
         calibration.held_out_steps = held_out
@@ -154,9 +155,14 @@ def validate_profile(
     workloads: Sequence[TimingWorkload],
     say: Callable[[str], None] = print,
     profile_path: Path | None = None,
+    repeats: int = 1,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """Each held-out workload on the real engine and on replay with the profile's clock:
-    (statistics and errors per workload, per request, the real engine's steps)."""
+    (statistics and errors per workload, per request, the real engine's steps).
+
+    With `repeats` > 1 the real engine runs each workload again, and a row `measured again`
+    sets each later repeat against the first in the same terms as the prediction: the
+    engine's own repeat-to-repeat spread, beside which a prediction's error can be read."""
     import tempfile
 
     from analysis.data.traces import ensure_traces
@@ -172,25 +178,41 @@ def validate_profile(
             write_json(path, profile.to_dict())
         for workload in workloads:
             config = workload.config(base)
-            measured = run(workload.frame(), config, progress=False)
+            measured = [run(workload.frame(), config, progress=False) for _ in range(repeats)]
             predicted = run(
                 workload.frame(),
                 config.with_(engine="replay", clock=str(path), device="cpu"),
                 progress=False,
             )
-            steps.append(measured.steps.assign(run=workload.name))
-            table = compare_requests(measured.requests, predicted.requests)
-            rows.append({"workload": workload.name, **error_row(table)})
-            requests.append(table.assign(workload=workload.name))
-            say(
-                f"  {workload.name}: "
-                + ", ".join(f"{k} {v:+.1%}" for k, v in rows[-1].items() if k.endswith("_error"))
+            first = measured[0]
+            steps.append(first.steps.assign(run=workload.name))
+            table = compare_requests(first.requests, predicted.requests)
+            rows.append(
+                {"workload": workload.name, "against": "replay on the clock", **error_row(table)}
             )
+            requests.append(table.assign(workload=workload.name))
+            say(f"  {workload.name}: {_errors_line(rows[-1])}")
+            for number, again in enumerate(measured[1:], start=2):
+                table = compare_requests(first.requests, again.requests)
+                rows.append(
+                    {
+                        "workload": workload.name,
+                        "against": f"real engine, repeat {number}",
+                        **error_row(table),
+                    }
+                )
+                say(
+                    f"  {workload.name}, repeat {number} against repeat 1: {_errors_line(rows[-1])}"
+                )
     return (
         pd.DataFrame(rows),
         pd.concat(requests, ignore_index=True),
         pd.concat(steps, ignore_index=True),
     )
+
+
+def _errors_line(row: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v:+.1%}" for k, v in row.items() if k.endswith("_error"))
 
 
 def compare_requests(measured: pd.DataFrame, predicted: pd.DataFrame) -> pd.DataFrame:
