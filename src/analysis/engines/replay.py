@@ -210,14 +210,7 @@ def _run_on_clock(workload, config, model, engine, live, recorder, submit, progr
     recorder.clock = clock.now
     steps = StepLog()
     steps.attach(engine.scheduler)
-    arrivals = TimedArrivals(
-        workload,
-        config.mode,
-        config.concurrency,
-        arrival_rate=config.arrival_rate,
-        think_time_s=config.think_time_s,
-        seed=config.seed,
-    )
+    arrivals = TimedArrivals.for_config(workload, config)
     calls = _drive_on_clock(
         engine.scheduler, arrivals, live, recorder, submit, progress, clock, profile, steps
     )

@@ -26,6 +26,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from analysis.engines.config import RunConfig
 from analysis.engines.workload import Workload
 
 
@@ -68,6 +69,18 @@ class TimedArrivals:
                 self._push(float(start), turns[0], turns[1:])
         else:
             raise ValueError(f"no timed arrivals for mode {mode!r}")
+
+    @classmethod
+    def for_config(cls, workload: Workload, config: RunConfig) -> TimedArrivals:
+        """The arrivals a run's config asks for (mode, clients, rate, think time, seed)."""
+        return cls(
+            workload,
+            config.mode,
+            config.concurrency,
+            arrival_rate=config.arrival_rate,
+            think_time_s=config.think_time_s,
+            seed=config.seed,
+        )
 
     def _runnable(self, turns: list[int]) -> list[int]:
         return [index for index in turns if not self._specs[index].skipped]

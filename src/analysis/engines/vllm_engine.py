@@ -298,14 +298,7 @@ def _arrivals(workload: Workload, config: RunConfig) -> Arrivals | TimedArrivals
     """Step-based arrivals, or arrivals in seconds on the wall clock for a timed config."""
     if not config.timed:
         return Arrivals(workload, config.mode, config.concurrency)
-    return TimedArrivals(
-        workload,
-        config.mode,
-        config.concurrency,
-        arrival_rate=config.arrival_rate,
-        think_time_s=config.think_time_s,
-        seed=config.seed,
-    )
+    return TimedArrivals.for_config(workload, config)
 
 
 def _forced_mismatches(workload: Workload, generated: dict[int, list[int]]) -> int:
