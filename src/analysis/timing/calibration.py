@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -145,7 +145,8 @@ def calibrate(
         )
         calibration.validation, calibration.requests = validation, requests
         calibration.held_out_steps = held_out
-        profile.fit["held_out_steps"] = residual_summary(profile, fittable_steps(held_out))
+        residuals = residual_summary(profile, fittable_steps(held_out))
+        calibration.profile = replace(profile, fit={**profile.fit, "held_out_steps": residuals})
     return calibration
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.engines.clock import TERMS, StepCostProfile
+from analysis.platform.errors import ConfigError
 
 
 def design_matrix(steps: pd.DataFrame, terms: Sequence[str]) -> np.ndarray:
@@ -102,15 +103,13 @@ def fit_profile(
     identity: Mapping[str, Any],
     *,
     terms: Sequence[str] | None = None,
-    held_out: pd.DataFrame | None = None,
 ) -> StepCostProfile:
-    """A profile from measured steps; `held_out` steps, when given, are not fitted, and
-    their residuals are reported beside."""
+    """A profile from measured steps, with the residuals it leaves on them."""
     if terms is None:  # every term whose feature was recorded (older logs have fewer)
         terms = [t for t, (feature, _, _) in TERMS.items() if feature in (None, *steps.columns)]
     usable = fittable_steps(steps)
     if len(usable) < 2 * len(terms):
-        raise ValueError(
+        raise ConfigError(
             f"{len(usable)} usable steps cannot fit {len(terms)} terms: calibrate with more work"
         )
     coefficients, dropped = fit_coefficients(usable, terms)
@@ -121,6 +120,4 @@ def fit_profile(
         "dropped_terms": dropped,
         "fitted": residual_summary(profile, usable),
     }
-    if held_out is not None:
-        fit["held_out"] = residual_summary(profile, fittable_steps(held_out))
     return StepCostProfile(coefficients, admit_s, loop_s, dict(identity), fit)
