@@ -30,6 +30,7 @@ exactly these rows; replay on a clock adds the time its profile gave.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Container
 from typing import Any
 
 import numpy as np
@@ -47,11 +48,16 @@ FEATURES = (
 )
 
 
-def step_features(scheduler: Any, scheduler_output: Any) -> tuple[int, ...]:
-    """The FEATURES of one step, read after `schedule()` returned `scheduler_output`."""
+def step_features(
+    scheduler: Any, scheduler_output: Any, known: Container[str] | None = None
+) -> tuple[int, ...]:
+    """The FEATURES of one step, read after `schedule()` returned `scheduler_output`;
+    `known` (the run's own request ids) leaves out requests that are not the run's, such as
+    an engine warm-up's, which vLLM reports finished at the run's first step."""
     tokens = sequences = prefill_requests = sampled = prefill_pairs = decode_context = 0
     new_requests = len(scheduler_output.scheduled_new_reqs)
-    finished_requests = len(scheduler_output.finished_req_ids)
+    finished = scheduler_output.finished_req_ids
+    finished_requests = len(finished if known is None else [r for r in finished if r in known])
     requests = scheduler.requests
     for request_id, count in scheduler_output.num_scheduled_tokens.items():
         if count <= 0:
@@ -83,7 +89,8 @@ def step_features(scheduler: Any, scheduler_output: Any) -> tuple[int, ...]:
 class StepLog:
     """One row of FEATURES per `schedule()` call of one scheduler, plus times the driver adds."""
 
-    def __init__(self) -> None:
+    def __init__(self, known: Container[str] | None = None) -> None:
+        self.known = known  # the run's request ids (None: every request is the run's)
         self.step = array("q")
         self.columns = {name: array("q") for name in FEATURES}
         self.start_s = array("d")
@@ -99,7 +106,8 @@ class StepLog:
 
         def schedule_and_log(*args: Any, **kwargs: Any) -> Any:
             output = schedule(*args, **kwargs)
-            for column, value in zip(columns, step_features(scheduler, output), strict=True):
+            features = step_features(scheduler, output, self.known)
+            for column, value in zip(columns, features, strict=True):
                 column.append(value)
             self.step.append(scheduler.current_step)
             return output

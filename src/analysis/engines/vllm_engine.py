@@ -124,7 +124,7 @@ def run_vllm(
     scheduler = core.scheduler
     warmup_seconds = _warm_up(llm, scheduler, config, mechanism if forced else None)
     recorder.attach(scheduler)
-    steps = StepLog()
+    steps = StepLog(known=recorder.ids)  # vLLM request ids of the run (not the warm-up's)
     steps.attach(scheduler)
     baseline = counter_values(llm)
     by_external: dict[str, int] = {}

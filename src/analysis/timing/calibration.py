@@ -29,7 +29,8 @@ from analysis.engines.config import RunConfig
 from analysis.timing.fit import fit_profile, fittable_steps, residual_summary
 from analysis.timing.workloads import TimingWorkload, calibration_workloads, held_out_workloads
 
-# The engine every workload runs on, per device (a workload changes what it needs).
+# The engine every workload runs on, per device (a workload changes what it needs); warmed up
+# first, as a server is before its first client (RunConfig.warmup).
 BASE = {
     "cpu": RunConfig(
         engine="vllm",
@@ -39,6 +40,7 @@ BASE = {
         max_model_len=4096,
         max_num_seqs=256,
         outputs="recorded",
+        warmup=True,
     ),
     "cuda": RunConfig(
         engine="vllm",
@@ -50,6 +52,7 @@ BASE = {
         max_num_seqs=256,
         max_num_batched_tokens=8192,
         outputs="recorded",
+        warmup=True,
     ),
 }
 
