@@ -36,8 +36,6 @@ time, in plain `replay` only the replay's own (no model runs), so compare those 
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -49,10 +47,8 @@ from analysis.engines.blockstats import BlockStats
 from analysis.engines.config import RunConfig
 from analysis.platform.errors import ResultError
 from analysis.platform.manifest import (
-    lock_beside,
     read_json,
-    remove_dead_writers,
-    swap_folder,
+    staged_folder,
     write_json,
     write_parquet,
 )
@@ -90,21 +86,12 @@ class RunResult:
     def write(self, folder: Path) -> Path:
         """Write every table, then the manifest, into a temporary folder renamed at the end."""
         folder = Path(folder)
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        remove_dead_writers(folder)
-        staging = folder.with_name(f".{folder.name}.partial-{os.getpid()}")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir()
-        try:
+        with staged_folder(folder) as staging:
             for name, frame in self.tables().items():
                 write_parquet(staging / f"{name}.parquet", frame)
             write_json(staging / "counters.json", self.counters)
             write_json(staging / "summary.json", self.summary)
             write_json(staging / MANIFEST, self.manifest)
-            with lock_beside(folder):
-                swap_folder(staging, folder)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
         return folder
 
     def tables(self) -> dict[str, pd.DataFrame]:

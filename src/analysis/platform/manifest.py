@@ -161,6 +161,25 @@ def swap_folder(staging: Path, folder: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
+@contextmanager
+def staged_folder(folder: Path):
+    """Yield an empty staging folder beside `folder`; when the block succeeds, swap it into
+    `folder`'s place under `lock_beside` (dead writers' leftovers removed first). Whatever the
+    block leaves unfinished is removed: an interrupted write never looks complete."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = folder.with_name(f".{folder.name}.partial-{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        yield staging
+        with lock_beside(folder):
+            remove_dead_writers(folder)
+            swap_folder(staging, folder)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
 def remove_dead_writers(folder: Path) -> None:
     """The staging (`.NAME.partial-PID`) and set-aside (`.NAME.old-PID`) folders of `folder`
     whose writing process no longer exists."""

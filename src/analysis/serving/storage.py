@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,10 +22,8 @@ from typing import Any
 import pandas as pd
 
 from analysis.platform.manifest import (
-    lock_beside,
     read_json,
-    remove_dead_writers,
-    swap_folder,
+    staged_folder,
     write_json,
     write_parquet,
 )
@@ -74,22 +70,12 @@ def _write_run(
 ) -> None:
     """Write a cell into a staging folder beside `run_dir`, manifest last, and swap it in under
     a lock: an interrupted write leaves the old cell whole (or none), never a mix of both."""
-    run_dir = Path(run_dir)
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = run_dir.with_name(f".{run_dir.name}.partial-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
-    try:
+    with staged_folder(run_dir) as staging:
         write_parquet(staging / "requests.parquet", frame)
         if gauges is not None and not gauges.empty:
             write_parquet(staging / "gauges.parquet", gauges)
         write_json(staging / "summary.json", summary)
         write_json(staging / "manifest.json", manifest)  # last: marks the run complete
-        with lock_beside(run_dir):
-            remove_dead_writers(run_dir)
-            swap_folder(staging, run_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
     return True
 

@@ -268,23 +268,16 @@ def error_row(table: pd.DataFrame) -> dict[str, float]:
 
 def write(calibration: Calibration, folder: Path, extra: dict[str, Any] | None = None) -> Path:
     """The calibration's folder, staged and swapped in, manifest last."""
-    import os
-    import shutil
-
     from analysis.platform.manifest import (
         git_commit,
         package_versions,
-        swap_folder,
+        staged_folder,
         write_json,
         write_parquet,
     )
 
     folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = folder.with_name(f".{folder.name}.partial-{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
-    try:
+    with staged_folder(folder) as staging:
         write_parquet(staging / "steps.parquet", calibration.steps)
         write_json(staging / "profile.json", calibration.profile.to_dict())
         if calibration.validation is not None:
@@ -302,7 +295,4 @@ def write(calibration: Calibration, folder: Path, extra: dict[str, Any] | None =
                 **(extra or {}),
             },
         )
-        swap_folder(staging, folder)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return folder
