@@ -187,10 +187,13 @@ STAGES = {
     ],
     ids=["counts-understated", "rows-twice", "turns-reversed"],
 )
-def test_every_stage_refuses_what_run_refuses(capsys, tmp_path, trace, stage, change, message):
+def test_every_stage_refuses_what_run_refuses(
+    capsys, monkeypatch, tmp_path, trace, stage, change, message
+):
     """Probes 2.7, 2.9, 2.10 (2026-11-26): run used the ids while a grid with num_blocks "max"
     sized from prompt_tokens (n31 instead of n102); bounds took every row twice (65.07 %
     instead of 38.36 %) or turns reversed, which run refused. One check, in every stage."""
+    monkeypatch.setenv("PREFIX_CACHE_LAB_ROOT", str(tmp_path))  # plan's points, if it ran
     bad = rewrite_trace(trace, tmp_path / "bad.parquet", change)
     err = one_line_error(capsys, cli.main(STAGES[stage](bad, tmp_path)))
     assert f"trace {bad}: {message}" in err and "rebuild the trace" in err
