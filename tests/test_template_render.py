@@ -278,6 +278,7 @@ def test_every_turn_too_long_through_a_model_is_one_line(model_folder, tmp_path,
     """Probe 13.13: KeyError 'turn_index' when every turn is over --max-model-len."""
     err = one_line(capsys, build_from_log(tmp_path, model_folder, "--max-model-len", "16")[0])
     assert "every request was dropped" in err and "24 requests excluded" in err
+    assert err.rstrip().endswith("lower --min-turns or raise --max-model-len")  # no truncate
 
 
 def test_single_turn_sampled_through_a_model_draws_the_default_builders_turns(
