@@ -145,6 +145,60 @@ def test_turns_out_of_order_or_repeated_ids_are_refused(capsys, tmp_path, trace,
     assert message in err and "rebuild the trace" in err
 
 
+def rewrite_trace(source: Path, target: Path, change) -> Path:
+    """`source` with `change` applied to its frame, written as a Parquet trace at `target`."""
+    frame = change(pq.read_table(source).to_pandas())
+    pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), target)
+    return target
+
+
+def understated(frame):
+    return frame.assign(prompt_tokens=1)
+
+
+def twice(frame):
+    return frame.iloc[[0, 1, 0, 1]]
+
+
+def reversed_turns(frame):
+    return frame.iloc[::-1]
+
+
+STAGES = {
+    "run": lambda trace, tmp: run_argv(trace, tmp / "res"),
+    "bounds": lambda trace, tmp: ["bounds", "--trace", str(trace), "--no-progress"],
+    "bounds-outputs": lambda trace, tmp: [
+        "bounds", "--trace", str(trace), "--include-outputs", "--no-progress"
+    ],
+    "plan": lambda trace, tmp: ["plan", "--trace", str(trace), "--points", "2"],
+    "grid-max": lambda trace, tmp: [
+        "sweep", "--grid", str(write_grid(tmp / "grid.toml", str(trace), '"max"')), "--list"
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("stage", list(STAGES))
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (understated, "request 'c0/0' has prompt_tokens 1 but 39 prompt_ids (2 requests disagree)"),
+        (twice, "request id 'c0/0' appears 2 times (2 repeated ids)"),
+        (reversed_turns, "conversation 'c0': turn 0 comes after a turn with the same or"),
+    ],
+    ids=["counts-understated", "rows-twice", "turns-reversed"],
+)
+def test_every_stage_refuses_what_run_refuses(
+    capsys, monkeypatch, tmp_path, trace, stage, change, message
+):
+    """Probes 2.7, 2.9, 2.10 (2026-11-26): run used the ids while a grid with num_blocks "max"
+    sized from prompt_tokens (n31 instead of n102); bounds took every row twice (65.07 %
+    instead of 38.36 %) or turns reversed, which run refused. One check, in every stage."""
+    monkeypatch.setenv("PREFIX_CACHE_LAB_ROOT", str(tmp_path))  # plan's points, if it ran
+    bad = rewrite_trace(trace, tmp_path / "bad.parquet", change)
+    err = one_line_error(capsys, cli.main(STAGES[stage](bad, tmp_path)))
+    assert f"trace {bad}: {message}" in err and "rebuild the trace" in err
+
+
 def test_bounds_names_the_request_with_a_null_token_id(capsys, tmp_path):
     bad = write_trace(tmp_path / "null.parquet", [list(range(1, 40)), [1, None, 3]])
     err = one_line_error(capsys, cli.main(["bounds", "--trace", str(bad), "--no-progress"]))

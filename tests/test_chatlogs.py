@@ -462,3 +462,24 @@ def test_the_trace_command_errors_are_one_line(tmp_path, monkeypatch, capsys):
     assert cli.main(["traces", "--source", "openai-jsonl", "--path", str(bad), *out]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no usable conversation" in err
+
+
+def test_a_line_over_the_size_limit_is_a_counted_skip(tmp_path, monkeypatch, capsys):
+    """Probe 12.14 (2026-11-26): one 100 MB message was read and tokenized whole (5.2 GB, then
+    "memory allocation ... failed" and SIGABRT) although no context window takes it. A line
+    over the limit (here lowered to 4 KiB) is dropped unread and counted as line_too_long."""
+    import analysis.data.chatlogs as chatlogs
+
+    monkeypatch.setenv("PREFIX_CACHE_LAB_ROOT", str(tmp_path))
+    monkeypatch.setattr(chatlogs, "MAX_LINE_BYTES", 4096, raising=False)
+    log = cumulative_log(tmp_path / "log.jsonl")
+    huge = {"conversation_id": "huge", "messages": [{"role": "user", "content": "word " * 2000}]}
+    with open(log, "a") as handle:
+        handle.write(json.dumps(huge) + "\n")
+    out = tmp_path / "traces"
+    argv = ["traces", "--source", "openai-jsonl", "--path", str(log), "--out", str(out)]
+    assert cli.main([*argv, "--no-progress"]) == 0
+    assert "from 3 of 4 requests; dropped 1 (line_too_long 1)" in capsys.readouterr().out
+    manifest = load_manifest(out)
+    assert manifest["source"]["dropped"] == {"line_too_long": 1}
+    assert manifest["counts"]["multi_turn"]["requests"] == 3

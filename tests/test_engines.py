@@ -75,6 +75,17 @@ def test_config_id_is_readable_and_changes_with_config_and_trace():
 
 
 # --------------------------------------------------------------------------- workload
+@pytest.mark.parametrize("engine", ["replay", "fleet"])
+def test_a_device_changes_no_id_of_an_engine_without_a_model(engine):
+    """Probe 3.6 (2026-11-26): `run --engine replay --device cuda` wrote a second folder
+    (another config id, the same numbers). Replay and fleet run no model: the device is not
+    part of their identity, and the ids made on cpu stay as they were."""
+    cpu = RunConfig(engine=engine)
+    assert cpu.with_(device="cuda").config_id("t") == cpu.config_id("t")
+    vllm = RunConfig(engine="vllm", model="m")
+    assert vllm.with_(device="cuda").config_id("t") != vllm.config_id("t")
+
+
 def test_synthetic_turns_extend_the_previous_turn():
     trace = synthetic_trace(5, turns=4, seed=1)
     for _, turns in trace.groupby("conversation_id"):

@@ -80,3 +80,25 @@ def test_format_seconds_carries_rounded_minutes():
     assert format_seconds(659.7) == "11m00s"
     assert format_seconds(125) == "2m05s"
     assert format_seconds(42.3) == "42 s"
+
+
+def write_grid(path: Path, trace: str, *, broken: bool = False) -> Path:
+    series = f'[[series]]\nname = "s"\ntraces = ["{trace}"]\nengines = ["replay"]\n'
+    path.write_text(series + ("" if broken else 'block_sizes = [16]\nnum_blocks = "max"\n'))
+    return path
+
+
+def test_an_estimate_refuses_an_unknown_or_broken_grid(tmp_root: Path, capsys) -> None:
+    """Probe 9.9 (2026-11-26): `report --estimate --grid nosuch` printed an estimate, rc 0
+    (every error of the grid was swallowed). Only traces not built yet leave the count open."""
+    from analysis import cli
+    from analysis.platform.errors import GridError
+
+    assert cli.main(["report", "--estimate", "--grid", "nosuch"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no grid 'nosuch'") and err.count("\n") == 1
+    assert timings.pending_points(str(write_grid(tmp_root / "g.toml", "unbuilt"))) is None
+    trace = tmp_root / "t.parquet"
+    trace.write_bytes(b"")
+    with pytest.raises(GridError, match="lacks block_sizes, num_blocks"):
+        timings.pending_points(str(write_grid(tmp_root / "b.toml", str(trace), broken=True)))

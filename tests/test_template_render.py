@@ -198,3 +198,115 @@ def test_a_hub_model_offline_and_not_cached_is_one_line(tmp_path, capsys, monkey
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert main(["traces", "--model", "nobody/no-such-model", "--out", str(tmp_path)]) == 2
     assert "HF_HUB_OFFLINE is set" in capsys.readouterr().err
+
+
+# --- a model folder's faults and options (probes 13.6-13.15 of 2026-11-26) --------------------
+
+
+def question(c: int, k: int) -> str:
+    return f"question {k} of chat {c} " * 3
+
+
+def write_chat_log(path, conversations: int = 6, turns: int = 4):
+    """A request log of `conversations` chats of `turns` turns, one request per turn."""
+    lines = []
+    for c in range(conversations):
+        messages = []
+        for k in range(turns):
+            messages.append({"role": "user", "content": question(c, k)})
+            lines.append({"conversation_id": f"c{c}", "messages": list(messages)})
+            messages.append({"role": "assistant", "content": f"answer {k} of chat {c}"})
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def folder_like(model_folder, target, **config):
+    """A copy of the model folder with its tokenizer_config.json changed by `config`."""
+    target.mkdir()
+    (target / "tokenizer.json").write_bytes((model_folder / "tokenizer.json").read_bytes())
+    base = json.loads((model_folder / "tokenizer_config.json").read_text())
+    (target / "tokenizer_config.json").write_text(json.dumps({**base, **config}))
+    return target
+
+
+def build_from_log(tmp_path, model, *extra):
+    """`traces --source openai-jsonl` of a fresh log through `model`: (status, stderr, out)."""
+    from analysis.cli import main
+
+    tmp_path.mkdir(exist_ok=True)
+    log = write_chat_log(tmp_path / "log.jsonl")
+    out = tmp_path / "traces"
+    argv = ["traces", "--source", "openai-jsonl", "--path", str(log), "--out", str(out),
+            "--no-progress", *(["--model", str(model)] if model else []), *extra]  # fmt: skip
+    return main(argv), out
+
+
+def one_line(capsys, code):
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    return err
+
+
+def test_an_eos_token_outside_the_vocabulary_is_one_line(model_folder, tmp_path, capsys):
+    """Probe 13.6: a TypeError traceback (a reply ending with a None id)."""
+    folder = folder_like(model_folder, tmp_path / "m", eos_token="<|nope|>")
+    code, out = build_from_log(tmp_path, folder)
+    err = one_line(capsys, code)
+    assert "end-of-turn token '<|nope|>'" in err and "not in the tokenizer's vocabulary" in err
+    assert not (out / "multi_turn.parquet").exists()
+
+
+def test_a_tokenizer_json_cut_in_half_is_one_line(model_folder, tmp_path, capsys):
+    """Probe 13.8: "Exception: EOF while parsing a list", a traceback from transformers."""
+    folder = folder_like(model_folder, tmp_path / "m")
+    text = (folder / "tokenizer.json").read_bytes()
+    (folder / "tokenizer.json").write_bytes(text[: len(text) // 2])
+    err = one_line(capsys, build_from_log(tmp_path, folder)[0])
+    assert f"{folder / 'tokenizer.json'} is not a tokenizers JSON file" in err
+
+
+def test_a_template_that_renders_nothing_is_refused(model_folder, tmp_path, capsys):
+    """Probe 13.10: a trace of 0 prompt tokens written with rc 0, which run and bounds refuse."""
+    folder = folder_like(model_folder, tmp_path / "m", chat_template="{% if false %}x{% endif %}")
+    code, out = build_from_log(tmp_path, folder)
+    err = one_line(capsys, code)
+    assert "renders an empty prompt (conversation 'c0', turn 0)" in err
+    assert not (out / "multi_turn.parquet").exists()
+
+
+def test_every_turn_too_long_through_a_model_is_one_line(model_folder, tmp_path, capsys):
+    """Probe 13.13: KeyError 'turn_index' when every turn is over --max-model-len."""
+    err = one_line(capsys, build_from_log(tmp_path, model_folder, "--max-model-len", "16")[0])
+    assert "every request was dropped" in err and "24 requests excluded" in err
+    assert err.rstrip().endswith("lower --min-turns or raise --max-model-len")  # no truncate
+
+
+def test_single_turn_sampled_through_a_model_draws_the_default_builders_turns(
+    model_folder, tmp_path
+):
+    """Probe 13.14: `--single-turn sampled --seed 3` with --model gave every first turn while
+    the manifest said "sampled"; now the same turns as the default builder, rendered alone."""
+    from analysis.data.traces import load_trace
+
+    options = ("--single-turn", "sampled", "--seed", "3")
+    assert build_from_log(tmp_path / "m", model_folder, *options)[0] == 0
+    assert build_from_log(tmp_path / "d", None, *options)[0] == 0
+    model = load_trace(tmp_path / "m" / "traces" / "single_turn.parquet")
+    default = load_trace(tmp_path / "d" / "traces" / "single_turn.parquet")
+    chosen = list(zip(model["conversation_id"], model["turn_index"], strict=True))
+    assert chosen == list(zip(default["conversation_id"], default["turn_index"], strict=True))
+    assert any(turn > 0 for _, turn in chosen)
+    row = model[model["turn_index"] > 0].iloc[0]
+    renderer = Renderer(template_from_folder(model_folder), str(model_folder))
+    alone = question(int(row["conversation_id"][1:]), int(row["turn_index"]))
+    expected = renderer.ids(renderer.text([{"role": "user", "content": alone}]))
+    assert row["prompt_ids"].tolist() == expected
+
+
+def test_truncate_through_a_model_is_refused(model_folder, tmp_path, capsys):
+    """Probe 13.15: --policy truncate with --model dropped the long turn, yet the manifest
+    said "truncate"; a model's template renders whole turns, so the option is refused."""
+    code, out = build_from_log(tmp_path, model_folder, "--policy", "truncate")
+    err = one_line(capsys, code)
+    assert "policy 'truncate'" in err and "--policy exclude" in err
+    assert not out.exists()

@@ -164,17 +164,11 @@ def compute(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _read_parquet_trace(path: Path) -> Any:
+    """The trace through `load_trace`, so that bounds refuse what run refuses."""
+    from analysis.data.traces import load_trace
+
     if not path.is_file():
         raise FileNotFoundError(f"no trace at {path}: build it with `python -m analysis traces`")
-    try:
-        from analysis.data.traces import load_trace
-    except ImportError:  # reading a finished trace needs only pandas
-        import pandas as pd
-
-        frame = pd.read_parquet(path)
-        if "prompt_ids" not in frame.columns:
-            raise ValueError(f"{path} has no prompt_ids column: is it a trace?") from None
-        return frame
     return load_trace(path)
 
 

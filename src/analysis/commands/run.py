@@ -70,7 +70,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-output-tokens", type=int, default=None)
     parser.add_argument("--limit", type=int, default=None, help="only the first N conversations")
     parser.add_argument("--seed", type=int, default=d.seed)
-    parser.add_argument("--device", choices=DEVICES, default=d.device)
+    parser.add_argument(
+        "--device",
+        choices=DEVICES,
+        default=d.device,
+        help="the vllm engine's device; replay and fleet run no model (same result, same folder)",
+    )
     parser.add_argument(
         "--dtype",
         choices=DTYPES,

@@ -68,7 +68,9 @@ Request drop reasons (every line read is used or dropped for exactly one, so
 that is not an object), ``non_text_content`` (content that is neither a string, a list of parts
 nor null: dropping only that message would splice a dialogue that never happened),
 ``no_user_message``, ``not_ending_with_user`` (after the rules above the last message is not the
-user's: nothing to answer), ``repeated_request``.
+user's: nothing to answer), ``repeated_request``, ``line_too_long`` (a line over
+`MAX_LINE_BYTES`, 16 MiB: millions of tokens, far beyond any context window, and tokenizing it
+would take gigabytes before the trace builder left it out).
 
 Conversation ids: the key; without one, the first request's "custom_id" (or "id"), else
 ``line-<n>`` (1-based line number); made unique as ShareGPT's ("X", "X#2": a key whose requests
@@ -114,6 +116,7 @@ PART_JOINER = "\n"  # vLLM joins the text parts of one message with a newline
 MEDIA_PARTS = ("image_url", "input_audio")
 HF_OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")
 HF_ENDPOINT = "https://huggingface.co"
+MAX_LINE_BYTES = 16 * 2**20  # a longer request line is dropped unread, counted (line_too_long)
 
 
 class ChatLogError(AnalysisError):
@@ -588,6 +591,9 @@ def load_chat_log(
             report.blank_lines += not end_of_file
             continue
         report.records_seen += 1
+        if len(raw) > MAX_LINE_BYTES:  # read at call time: tests lower it
+            dropped["line_too_long"] += 1
+            continue
         outcome = _parse_line(raw, number + 1, report, roles)
         if isinstance(outcome, str):
             dropped[outcome] += 1

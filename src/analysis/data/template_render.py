@@ -121,16 +121,29 @@ class Renderer:
     def __init__(self, template: Template, tokenizer_file: str | Path | None = None) -> None:
         from transformers import PreTrainedTokenizerFast
 
-        from analysis.data.tokenizer import tokenizer_file as resolve
+        from analysis.data.tokenizer import load_tokenizer
 
         self.template = template
-        self.hf = PreTrainedTokenizerFast(
-            tokenizer_file=str(resolve(tokenizer_file)), bos_token=template.bos_token
+        self.hf = PreTrainedTokenizerFast(  # a broken tokenizer.json: load_tokenizer's one line
+            tokenizer_object=load_tokenizer(tokenizer_file), bos_token=template.bos_token
         )
         missing = [t for t in template.special_tokens if t not in self.hf.get_vocab()]
         if missing:  # markup the vocabulary lacks: single new ids, as the model's own has them
             self.hf.add_special_tokens({"additional_special_tokens": missing})
-        self.end_of_turn = self.hf.convert_tokens_to_ids(template.end_of_turn)
+        self.end_of_turn = self._end_of_turn_id()
+
+    def _end_of_turn_id(self) -> int:
+        """The id every reply ends with; a token the vocabulary lacks has none (a reply would
+        end with a null id), so it is refused here."""
+        from analysis.platform.errors import TraceError
+
+        token = self.template.end_of_turn
+        if token not in self.hf.get_vocab():
+            raise TraceError(
+                f"the end-of-turn token {token!r} ({self.template.source}) is not in the "
+                "tokenizer's vocabulary: name as eos_token a token its tokenizer.json has"
+            )
+        return int(self.hf.convert_tokens_to_ids(token))
 
     def text(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
         from analysis.platform.errors import TraceError

@@ -76,7 +76,7 @@ class RunConfig:
     max_output_tokens: int | None = None  # optional cap on each reply's length
     limit: int | None = None  # first N conversations of the trace (None: all)
     seed: int = 0
-    device: str = "cpu"  # "cpu" or "cuda"; only the vllm engine uses a device
+    device: str = "cpu"  # "cpu" or "cuda"; only the vllm engine uses one (not in others' ids)
     hash_algo: str = "sha256"  # vLLM's prefix_caching_hash_algo (sha256 is vLLM's default)
     long_prompts: str = "skip"  # prompts >= max_model_len: "skip" (counted) or "error"
     fast_path: bool = True  # replay: do trivial decode steps outside vLLM (same results)
@@ -162,6 +162,8 @@ def config_digest(config: RunConfig, trace_hash: str, extra: str = "") -> str:
     if config.engine != "fleet":
         for name in FLEET_FIELDS:
             del data[name]
+    if config.engine != "vllm":  # no model runs: the device changes nothing (ids made had cpu)
+        data["device"] = DEVICES[0]
     for name, default in TIME_FIELDS.items():
         if data[name] == default:
             del data[name]

@@ -30,13 +30,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from analysis.data.traces.check import REBUILD, check_trace
 from analysis.data.traces.storage import limit_trace
 from analysis.engines.config import ConfigError, RunConfig
 from analysis.platform.errors import TraceError
 
 EOT_ID = 128009  # <|eot_id|>: the recorded replies end with it
 FREE_TOKEN_LIMIT = 128_000  # free tokens are drawn below this id (plain text ids)
-REBUILD = "rebuild the trace (python -m analysis traces)"
 TRACE_COLUMNS = ("request_id", "conversation_id", "turn_index", "prompt_ids", "response_ids")
 
 
@@ -109,7 +109,7 @@ def build_workload(
     if missing:
         raise ConfigError(f"the trace lacks column(s) {', '.join(missing)}: rebuild it")
     frame = limit_trace(trace, config.limit)
-    check_order(frame)
+    check_trace(frame)
     specs: list[RequestSpec] = []
     conversations: dict[str, list[int]] = {}
     for index, row in enumerate(frame.itertuples(index=False)):
@@ -142,28 +142,6 @@ def build_workload(
             "them out (counted in the result)"
         )
     return workload
-
-
-def check_order(frame: pd.DataFrame) -> None:
-    """Refuse a trace whose request ids repeat or whose conversations' turns are not in order:
-    the engines take a conversation's turns in row order, so either would run silently wrong."""
-    ids = frame["request_id"].astype(str)
-    repeated = ids[ids.duplicated()]
-    if len(repeated):
-        raise TraceError(
-            f"request id {repeated.iloc[0]!r} appears {int((ids == repeated.iloc[0]).sum())} "
-            f"times ({repeated.nunique()} repeated ids): give each request its own id; {REBUILD}"
-        )
-    turns = frame["turn_index"].to_numpy()
-    previous = frame.groupby(frame["conversation_id"].astype(str), sort=False)["turn_index"].shift()
-    backwards = previous.notna().to_numpy() & (turns <= previous.fillna(-1).to_numpy())
-    if backwards.any():
-        row = frame.iloc[int(np.argmax(backwards))]
-        raise TraceError(
-            f"conversation {str(row['conversation_id'])!r}: turn {int(row['turn_index'])} comes "
-            "after a turn with the same or a higher index: sort the trace by conversation and "
-            f"turn_index; {REBUILD}"
-        )
 
 
 def token_ids(

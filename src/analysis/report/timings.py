@@ -173,15 +173,15 @@ def estimate(notebooks: list[Path], pending_points: dict[str, int] | None) -> st
 
 
 def pending_points(grid: str) -> dict[str, int] | None:
-    """Sweep points without a complete result, per engine (None: the grid cannot be read yet)."""
-    try:
-        from analysis.sweeps.grid import grid_points, is_done
+    """Sweep points without a complete result, per engine; None while the grid's traces are not
+    built (its "log:N" and "max" points are sized from them). An unknown or broken grid is its
+    one-line GridError, as `sweep` gives it: an estimate must not hide it."""
+    from analysis.sweeps.grid import grid_points, is_done, load_grid, missing_traces
 
-        points = grid_points(grid)
-    except Exception:  # traces not built yet, or a broken grid: the sweep itself will say
+    if missing_traces(load_grid(grid)):
         return None
     counts: dict[str, int] = {}
-    for point in points:
+    for point in grid_points(grid):
         if not is_done(point):
             counts[point.config.engine] = counts.get(point.config.engine, 0) + 1
     return counts

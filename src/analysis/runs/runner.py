@@ -193,10 +193,8 @@ def resolve_trace_path(trace: str | Path) -> Path:
 
 
 def _read_trace(path: Path) -> pd.DataFrame:
-    try:
-        from analysis.data.traces import load_trace
-    except ImportError:  # the traces module is optional for reading a finished file
-        return pd.read_parquet(path)
+    from analysis.data.traces import load_trace
+
     return load_trace(path)
 
 

@@ -217,6 +217,18 @@ def _sample_tokens(path: str, mtime_ns: int, limit: int | None, cap: int | None)
     return (trace["prompt_tokens"] + replies).to_numpy()
 
 
+def missing_traces(grid: dict[str, Any]) -> list[str]:
+    """The token traces a grid's series name that are not built yet (block-hash files are the
+    user's own: a missing one is an error of the grid, not a build still to come)."""
+    from analysis.data.blockhash import is_blockhash_path
+
+    names: set[str] = set()
+    for series in grid["series"]:
+        traces = series.get("traces") if isinstance(series, dict) else None
+        names.update(str(t) for t in traces if isinstance(traces, list))
+    return sorted(t for t in names if not is_blockhash_path(t) and not resolve_trace(t).is_file())
+
+
 def resolve_trace(trace: str) -> Path:
     from analysis.platform.paths import traces_dir
 

@@ -398,7 +398,7 @@ def _single_turn(
     plans: list[_Plan], encoded: EncodedTexts, ids: _Ids, options: TraceOptions
 ) -> tuple[pd.DataFrame, TraceCounts]:
     builder = _TraceBuilder(encoded, ids, options)
-    for plan, turn in zip(plans, _single_turn_choice(plans, options), strict=True):
+    for plan, turn in zip(plans, _chosen_turns(plans, options), strict=True):
         position = plan.user_positions[turn]
         if options.single_turn == "first":  # everything before the first user message
             prefix = [builder.bos, *(encoded.ids(s) for s in plan.segments[:position])]
@@ -417,11 +417,15 @@ def _single_turn(
     return builder.frame(), builder.counts
 
 
-def _single_turn_choice(plans: list[_Plan], options: TraceOptions) -> list[int]:
-    if options.single_turn == "first":
-        return [0] * len(plans)
-    rng = np.random.default_rng(options.seed)
-    turn_counts = np.asarray([len(p.user_positions) for p in plans], dtype=np.int64)
-    if turn_counts.size == 0:
-        return []
-    return rng.integers(0, turn_counts).tolist()
+def single_turn_choice(turn_counts: Sequence[int], mode: str, seed: int) -> list[int]:
+    """Which turn each conversation's single-turn request is: the first, or one drawn with
+    `seed` (shared with the templated builder, so both pick the same turns)."""
+    if mode == "first" or len(turn_counts) == 0:
+        return [0] * len(turn_counts)
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, np.asarray(turn_counts, dtype=np.int64)).tolist()
+
+
+def _chosen_turns(plans: list[_Plan], options: TraceOptions) -> list[int]:
+    counts = [len(p.user_positions) for p in plans]
+    return single_turn_choice(counts, options.single_turn, options.seed)

@@ -184,10 +184,13 @@ def _no_request_kept(data_file: Path, trace_set: TraceSet) -> str:
     """One line for a build that dropped every request: the counts, and what to change."""
     selection, multi = trace_set.counts["conversations"], trace_set.counts["multi_turn"]
     options = trace_set.options
+    fixes = ["lower --min-turns", "raise --max-model-len"]
+    if not options.uses_model_template:  # a model's own template cannot truncate
+        fixes.append("use --policy truncate")
     return (
         f"{data_file}: every request was dropped: {selection['used']:,} of "
         f"{selection['input']:,} conversations used ({selection['skipped_min_turns']:,} with "
         f"fewer than min_turns={options.min_turns}), {multi['requests_excluded']:,} requests "
-        f"excluded at max_model_len={options.max_model_len}; lower --min-turns, raise "
-        "--max-model-len or use --policy truncate"
+        f"excluded at max_model_len={options.max_model_len}; {', '.join(fixes[:-1])} or "
+        f"{fixes[-1]}"
     )

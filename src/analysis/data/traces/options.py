@@ -63,6 +63,12 @@ class TraceOptions:
             ChatTemplate(self.template, self.template_date)  # validates both
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.policy == "truncate" and self.uses_model_template:
+            raise ValueError(
+                "policy 'truncate' cuts a prompt assembled the Llama way; a model's own chat "
+                "template (--model) renders whole turns, so a turn that does not fit is left "
+                "out: use --policy exclude (the default) or raise --max-model-len"
+            )
         if self.single_turn not in SINGLE_TURN_MODES:
             raise ValueError(
                 f"single_turn must be one of {SINGLE_TURN_MODES}, got {self.single_turn!r}"

@@ -19,6 +19,7 @@ import pandas as pd
 
 from analysis.data.chat_template import EOT
 from analysis.data.tokenizer import load_tokenizer, token_id
+from analysis.data.traces.check import check_trace
 from analysis.data.traces.options import (
     FORMAT_VERSION,
     MANIFEST_NAME,
@@ -109,7 +110,8 @@ def limit_trace(trace: pd.DataFrame, limit: int | None) -> pd.DataFrame:
 
 
 def load_trace(path: str | Path) -> pd.DataFrame:
-    """One trace (Parquet) as a frame with the schema's columns, or a one-line TraceError."""
+    """One trace (Parquet) as a frame with the schema's columns, or a one-line TraceError
+    (also for a trace `check_trace` refuses: every reader of a file shares that check)."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -143,7 +145,9 @@ def load_trace(path: str | Path) -> pd.DataFrame:
         values = table.column(column).combine_chunks().flatten()
         if len(values) and pc.min(values).as_py() < 0:
             raise TraceError(f"trace {path}: {column} holds negative token ids; rebuild it")
-    return table.to_pandas()
+    frame = table.to_pandas()
+    check_trace(frame, str(path))
+    return frame
 
 
 def _refuse_a_mixed_build(path: Path) -> None:

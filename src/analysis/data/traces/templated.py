@@ -16,6 +16,8 @@ import pandas as pd
 
 from analysis.data.sharegpt.conversations import Conversation
 from analysis.data.template_render import Renderer, Template, render_conversation
+from analysis.data.traces.build import single_turn_choice
+from analysis.data.traces.options import TRACE_COLUMNS
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,7 @@ class TemplatedTraces:
     single: pd.DataFrame
     turns: pd.DataFrame  # conversation_id, turn_index, held_tokens, extends, break_kind, lost
     too_long: int  # turns left out: prompt of max_model_len tokens or more (and those after)
+    single_too_long: int = 0  # single-turn requests left out: prompt too long
 
 
 def templated_traces(
@@ -34,15 +37,20 @@ def templated_traces(
     template: Template,
     tokenizer_file: str | None = None,
     max_model_len: int = 8192,
+    single_turn: str = "first",
+    seed: int = 0,
 ) -> TemplatedTraces:
-    """Multi- and single-turn traces of `conversations` through `template` (single-turn: each
-    conversation's first turn, as the default builder's `single_turn="first"`)."""
+    """Multi- and single-turn traces of `conversations` through `template`. Single-turn: each
+    conversation's first turn, or one turn drawn with `seed` without its history (system
+    prompt kept), as the default builder's `single_turn` "first" and "sampled" choose them."""
     renderer = Renderer(template, tokenizer_file)
-    rows, turn_rows, too_long = [], [], 0
+    rows, turn_rows, too_long, firsts = [], [], 0, []
     for conversation in conversations:
         pairs = _pairs(conversation)
         rendered = render_conversation(renderer, conversation.system, pairs)
+        firsts.append(rendered[0] if rendered else None)
         for k, turn in enumerate(rendered):
+            _refuse_an_empty_prompt(template, conversation.id, k, turn)
             if len(turn.prompt_ids) >= max_model_len:
                 too_long += len(rendered) - k
                 break
@@ -59,9 +67,47 @@ def templated_traces(
                         "lost_tokens": held - turn.next_extends,
                     }
                 )
-    multi = pd.DataFrame(rows)
-    single = multi[multi["turn_index"] == 0].reset_index(drop=True)
-    return TemplatedTraces(template.name, multi, single, pd.DataFrame(turn_rows), too_long)
+    choice = single_turn_choice([len(_pairs(c)) for c in conversations], single_turn, seed)
+    single_rows, single_too_long = [], 0
+    for conversation, first, k in zip(conversations, firsts, choice, strict=True):
+        if first is None:  # no message at all
+            continue
+        turn = first if k == 0 else _alone(renderer, conversation, k)
+        _refuse_an_empty_prompt(template, conversation.id, k, turn)
+        if len(turn.prompt_ids) >= max_model_len:
+            single_too_long += 1
+            continue
+        single_rows.append(_row(conversation.id, k, turn, len(single_rows)))
+    return TemplatedTraces(
+        template.name,
+        _frame(rows),
+        _frame(single_rows),
+        pd.DataFrame(turn_rows),
+        too_long,
+        single_too_long,
+    )
+
+
+def _alone(renderer: Renderer, conversation: Conversation, k: int):
+    """Turn k rendered without its history (a system prompt is not history)."""
+    return render_conversation(renderer, conversation.system, [_pairs(conversation)[k]])[0]
+
+
+def _refuse_an_empty_prompt(template: Template, conversation_id: str, k: int, turn) -> None:
+    """A template that writes nothing gives a trace every reader refuses: say so here."""
+    from analysis.platform.errors import TraceError
+
+    if len(turn.prompt_ids) == 0:
+        raise TraceError(
+            f"the chat template of {template.source} renders an empty prompt (conversation "
+            f"{conversation_id!r}, turn {k}): give a model folder whose chat_template writes "
+            "the messages"
+        )
+
+
+def _frame(rows: list[dict]) -> pd.DataFrame:
+    """The rows as a trace frame, with the trace's columns even when there is no row."""
+    return pd.DataFrame(rows, columns=list(TRACE_COLUMNS))
 
 
 def _pairs(conversation: Conversation) -> list[tuple[str, str]]:
@@ -93,7 +139,8 @@ def _row(conversation_id: str, turn: int, rendered, number: int) -> dict:
 def templated_trace_set(conversations: Sequence[Conversation], options, progress: bool = False):
     """Both traces through a model folder's own template (`options.template`), as a
     `TraceSet` the storage writes like any build. Long prompts: a turn of `max_model_len`
-    tokens or more ends its conversation (the "exclude" policy), counted."""
+    tokens or more ends its conversation (the "exclude" policy; `TraceOptions` refuses
+    "truncate" with a model's template), counted; `single_turn` and `seed` as by default."""
     import time
 
     from analysis.data.template_render import template_from_folder
@@ -106,7 +153,12 @@ def templated_trace_set(conversations: Sequence[Conversation], options, progress
     used = [c for c in chosen if len(_pairs(c)) >= options.min_turns]
     tokenizer = options.tokenizer or options.template
     traces = templated_traces(
-        used, template_from_folder(options.template), tokenizer, options.max_model_len
+        used,
+        template_from_folder(options.template),
+        tokenizer,
+        options.max_model_len,
+        options.single_turn,
+        options.seed,
     )
     counts = {
         "conversations": {
@@ -116,7 +168,7 @@ def templated_trace_set(conversations: Sequence[Conversation], options, progress
             "used": len(used),
         },
         "multi_turn": _counts(traces.multi, traces.too_long, TraceCounts()),
-        "single_turn": _counts(traces.single, 0, TraceCounts()),
+        "single_turn": _counts(traces.single, traces.single_too_long, TraceCounts()),
         "prefix_breaks": traces.turns["break_kind"].value_counts().to_dict()
         if len(traces.turns)
         else {},
