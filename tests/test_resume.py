@@ -364,6 +364,18 @@ def test_a_rewrite_killed_at_any_moment_of_its_swap_leaves_one_whole_result(tmp_
     assert {p.name for p in folder.parent.iterdir()} == {"one-point", ".one-point.lock"}
 
 
+def test_a_file_where_a_result_folder_goes_is_refused_not_replaced(tmp_path):
+    """A swap would set the file aside and delete it: refused in one line before the write."""
+    from analysis.platform.errors import OutputError
+
+    folder = tmp_path / "one-point"
+    folder.write_text("a user's file")
+    with pytest.raises(OutputError, match="a file is in the way"):
+        _write_whole(folder, "new")
+    assert folder.read_text() == "a user's file"
+    assert [p.name for p in tmp_path.iterdir()] == ["one-point"]
+
+
 @pytest.mark.engine
 def test_run_force_killed_at_the_swap_keeps_the_old_result_for_the_next_run(lab, capsys):
     """Probe 5.10: `run --force` killed at the staging-to-final rename; the next `run` used to

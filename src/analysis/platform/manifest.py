@@ -22,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.platform.paths import repo_root
+from analysis.platform.writable import refuse_file_in_the_way
 
 TRACKED_PACKAGES = (
     "prefix-cache-lab",
@@ -206,8 +207,10 @@ def staged_folder(folder: Path):
     """Yield an empty staging folder beside `folder`; when the block succeeds, swap it into
     `folder`'s place under `lock_beside` (a killed swap's old folder restored and dead writers'
     leftovers removed first). Whatever the block leaves unfinished is removed: an interrupted
-    write never looks complete."""
+    write never looks complete. A file in `folder`'s place is refused before the block runs:
+    the swap would delete it."""
     folder = Path(folder)
+    refuse_file_in_the_way(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = folder.with_name(f".{folder.name}.partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
