@@ -1,5 +1,6 @@
 """Capacity planning: bounds in the engine's order, the target search, the Alibaba-format
-round trip, `cached_tokens` in the API's terms, and `python -m analysis plan` end to end.
+round trip, `cached_tokens` in the API's terms, and `python -m analysis plan` end to end, its
+`--out` folder written whole or not at all.
 
 The engine tests run vLLM's own scheduler (`replay`) on real ShareGPT conversations (the
 packaged copy, the real tokenizer), in a root of their own so that results stay apart.
@@ -8,6 +9,11 @@ packaged copy, the real tokenizer), in a root of their own so that results stay 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -311,3 +317,149 @@ def test_bad_plan_settings_are_one_line_errors(in_root, capsys, args, message):
     assert _plan("--trace", str(in_root / "multi.parquet"), *args) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+# --------------------------------------------------------------------------- the plan's folder
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda out: out.write_text("{}"), "a file is in the way"),
+        (lambda out: (out.mkdir(), (out / "notes.txt").write_text("mine")), "'notes.txt'"),
+    ],
+    ids=["a file", "a folder of other files"],
+)
+def test_an_unusable_plan_out_is_refused_before_the_plan(
+    tmp_path, monkeypatch, capsys, make, message
+):
+    """Probe 11.9: a file (or a folder of other files) as `--out` was refused only after the
+    whole plan had run; now in one line before any work, and left as it was."""
+    from analysis.commands import plan
+
+    def no_work(args):
+        raise AssertionError("the plan ran before --out was checked")
+
+    monkeypatch.setattr(plan, "compute", no_work)
+    out = tmp_path / "out"
+    make(out)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    assert _plan("--out", str(out)) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def _plan_files(out):
+    return {p.name: p.read_bytes() for p in out.iterdir()}
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize(
+    ("fault", "code", "message"),
+    [
+        (OSError(28, "No space left on device"), 2, "the disk is full"),
+        (KeyboardInterrupt(), 130, "interrupted: nothing partial was kept"),
+    ],
+    ids=["full disk", "Ctrl-C"],
+)
+def test_a_plan_write_that_fails_leaves_the_earlier_plan_whole(
+    in_root, tmp_path, monkeypatch, capsys, fault, code, message
+):
+    """Probes 11.9 and 11.11: a full disk while the tables were written was an OSError
+    traceback, and Ctrl-C left a header-only CSV and no answer.json beside earlier tables
+    while saying that nothing partial was kept. Now the earlier plan stays whole."""
+    out = tmp_path / "plan"
+    args = ("--trace", str(in_root / "multi.parquet"), "--out", str(out))
+    assert _plan(*args) == 0
+    before = _plan_files(out)
+    real_to_csv = pd.DataFrame.to_csv
+
+    def to_csv(frame, path, *a, **k):
+        if str(path).endswith("cached_tokens.csv"):
+            real_to_csv(frame.head(0), path, *a, **k)  # the header, then the fault
+            raise fault
+        return real_to_csv(frame, path, *a, **k)
+
+    monkeypatch.setattr(pd.DataFrame, "to_csv", to_csv)
+    capsys.readouterr()
+    assert _plan(*args, "--target", "0.5") == code
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err and "Traceback" not in err
+    assert _plan_files(out) == before
+    assert {p.name for p in tmp_path.iterdir()} == {"plan", ".plan.lock"}  # no staging left
+    manifest = json.loads(before["manifest.json"])
+    tables = ["cached_tokens", "curves", "engine_points"]
+    assert manifest["limit"] is None and manifest["tables"] == tables
+
+
+# In the child: plan A, held at its second table's write until the parent says go; it leaves
+# its own curves and answer beside, to tell the two plans' files apart.
+HELD_PLAN = """
+import json, os, pathlib, sys, time
+from analysis.sweeps import capacity_target
+side, argv = pathlib.Path(sys.argv[1]), sys.argv[2:]
+real_write, real_replace = capacity_target.write_plan_tables, os.replace
+def write_plan_tables(plan, answer, folder):
+    plan.curves.to_parquet(side / "curves.parquet")
+    (side / "answer.json").write_text(json.dumps(capacity_target.plan_record(plan, answer)))
+    return real_write(plan, answer, folder)
+def replace(source, target, *args, **kwargs):
+    if pathlib.Path(target).name == "engine_points.parquet":
+        (side / "held").touch()
+        while not (side / "go").exists():
+            time.sleep(0.05)
+    return real_replace(source, target, *args, **kwargs)
+capacity_target.write_plan_tables, os.replace = write_plan_tables, replace
+from analysis.cli import main
+sys.exit(main(argv))
+"""
+
+
+@pytest.mark.engine
+def test_two_plans_into_one_folder_leave_one_plans_whole_set(in_root, tmp_path, monkeypatch):
+    """Probe 11.10: plan A held after its first table while plan B wrote into the same
+    `--out`: both returned 0 and the folder mixed B's curves with A's answer."""
+    from analysis.sweeps import capacity_target
+
+    out, side = tmp_path / "plan", tmp_path / "a"
+    side.mkdir()
+    common = ["plan", "--max-model-len", "2048", "--points", "4", "--refine", "2"]
+    common += ["--trace", str(in_root / "multi.parquet"), "--out", str(out)]
+    src = Path(__file__).resolve().parents[1] / "src"
+    env = os.environ | {"PYTHONPATH": str(src), "PREFIX_CACHE_LAB_ROOT": str(in_root)}
+    a = subprocess.Popen(
+        [sys.executable, "-c", HELD_PLAN, str(side), *common, "--limit", "20", "--target", "0.5"],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.time() + 600
+        while not (side / "held").exists() and a.poll() is None and time.time() < deadline:
+            time.sleep(0.1)
+        assert (side / "held").exists(), a.stderr.read()[-2000:] if a.poll() is not None else ""
+        written = {}
+        real_write = capacity_target.write_plan_tables
+
+        def write_plan_tables(plan, answer, folder):
+            written.update(curves=plan.curves, answer=capacity_target.plan_record(plan, answer))
+            return real_write(plan, answer, folder)
+
+        monkeypatch.setattr(capacity_target, "write_plan_tables", write_plan_tables)
+        assert _plan("--trace", str(in_root / "multi.parquet"), "--out", str(out)) == 0  # B
+    finally:
+        (side / "go").touch()
+        _, err = a.communicate(timeout=600)
+    assert a.returncode == 0, err[-2000:]
+    plans = {
+        "A": (
+            pd.read_parquet(side / "curves.parquet"),
+            json.loads((side / "answer.json").read_text()),
+        ),
+        "B": (written["curves"], written["answer"]),
+    }
+    answer = json.loads((out / "answer.json").read_text())
+    (writer,) = [name for name, (_, record) in plans.items() if record == answer]
+    curves = pd.read_parquet(out / "curves.parquet")
+    pd.testing.assert_frame_equal(curves, plans[writer][0].reset_index(drop=True))
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["limit"] == answer["limit"]

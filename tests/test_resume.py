@@ -301,6 +301,123 @@ def test_two_processes_saving_figures_into_one_folder_lose_no_caption(tmp_path):
             assert (tmp_path / f"{tag}-{number}.png").stat().st_size > 0
 
 
+# ----------------------------------------------------------------------- a rewrite killed mid-swap
+
+# In the child: write `folder` through `staged_folder` (three parts, then the manifest) and
+# SIGKILL itself at one moment of the swap. Only the moment is arranged; the kill is real.
+KILLED_SWAP = """
+import os, pathlib, signal, sys
+from analysis.platform import manifest
+folder, moment = pathlib.Path(sys.argv[1]), sys.argv[2]
+stops = {"set-aside": "." + folder.name + ".old", "move-in": folder.name}
+real_rename, real_unlink, trashed = pathlib.Path.rename, os.unlink, []
+def rename(self, target):
+    name = pathlib.Path(target).name
+    if stops.get(moment) == name or (moment == "discard" and ".trash-" in name):
+        os.kill(os.getpid(), signal.SIGKILL)
+    trashed.append(".trash-" in name)
+    return real_rename(self, target)
+def unlink(*args, **kwargs):
+    real_unlink(*args, **kwargs)
+    if moment == "mid-delete" and any(trashed):  # one file of the old folder deleted
+        os.kill(os.getpid(), signal.SIGKILL)
+pathlib.Path.rename, os.unlink = rename, unlink
+with manifest.staged_folder(folder) as staging:
+    for index in range(3):
+        (staging / f"part-{index}.txt").write_text("new")
+    (staging / "manifest.json").write_text("new")
+"""
+
+
+def _write_whole(folder: Path, tag: str) -> None:
+    from analysis.platform.manifest import staged_folder
+
+    with staged_folder(folder) as staging:
+        for index in range(3):
+            (staging / f"part-{index}.txt").write_text(tag)
+        (staging / "manifest.json").write_text(tag)
+
+
+@pytest.mark.parametrize("moment", ["set-aside", "move-in", "discard", "mid-delete"])
+def test_a_rewrite_killed_at_any_moment_of_its_swap_leaves_one_whole_result(tmp_path, moment):
+    """Probes 5.10 and 10.7: a `--force` rewrite killed during the staging-to-final swap used
+    to leave the old and the new folder both set aside, and the next run deleted both."""
+    from analysis.engines.result import is_complete
+
+    folder = tmp_path / "results" / "one-point"
+    _write_whole(folder, "old")
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_SWAP, str(folder), moment],
+        env=os.environ | {"PYTHONPATH": str(SRC)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert is_complete(folder)  # the next reader finds a whole result, old or new
+    contents = {p.read_text() for p in folder.iterdir()}
+    assert contents in ({"old"}, {"new"}) and len(list(folder.iterdir())) == 4
+    if moment in ("set-aside", "move-in"):
+        assert contents == {"old"}  # the new folder never moved in: the old one is back
+    _write_whole(folder, "later")  # the next writer clears what the killed one left
+    assert {p.read_text() for p in folder.iterdir()} == {"later"}
+    assert {p.name for p in folder.parent.iterdir()} == {"one-point", ".one-point.lock"}
+
+
+def test_a_file_where_a_result_folder_goes_is_refused_not_replaced(tmp_path):
+    """A swap would set the file aside and delete it: refused in one line before the write."""
+    from analysis.platform.errors import OutputError
+
+    folder = tmp_path / "one-point"
+    folder.write_text("a user's file")
+    with pytest.raises(OutputError, match="a file is in the way"):
+        _write_whole(folder, "new")
+    assert folder.read_text() == "a user's file"
+    assert [p.name for p in tmp_path.iterdir()] == ["one-point"]
+
+
+@pytest.mark.engine
+def test_run_force_killed_at_the_swap_keeps_the_old_result_for_the_next_run(lab, capsys):
+    """Probe 5.10: `run --force` killed at the staging-to-final rename; the next `run` used to
+    recompute. Now the old result is put back and reused."""
+    from analysis.cli import main
+
+    argv = ["run", "--trace", "kill", "--engine", "replay", "--num-blocks", "300"]
+    argv += ["--max-model-len", "2048", "--no-progress"]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PREFIX_CACHE_LAB_ROOT", str(lab["root"]))
+        assert main(argv) == 0
+        (folder,) = lab["results"].glob("[!.]*")
+        before = (folder / "manifest.json").read_bytes()
+        killed = subprocess.run(
+            [sys.executable, "-c", KILL_AT_MOVE_IN, *argv, "--force"],
+            env=lab["env"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+        assert not folder.exists()  # killed between setting the old aside and moving in
+        capsys.readouterr()
+        assert main(argv) == 0
+    assert "already finished" in capsys.readouterr().out
+    assert (folder / "manifest.json").read_bytes() == before
+
+
+# In the child: the command, SIGKILLed as its staging folder is renamed into the final place.
+KILL_AT_MOVE_IN = """
+import os, pathlib, signal, sys
+real_rename = pathlib.Path.rename
+def rename(self, target):
+    if ".partial-" in self.name:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real_rename(self, target)
+pathlib.Path.rename = rename
+from analysis.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 # ----------------------------------------------------------------------------- damaged results
 
 

@@ -1,13 +1,17 @@
 """Serving cells: a cell whose requests failed is kept with its counts but run again, the
 request timeout is part of a cell's key (older cells stay found), a bad timeout is refused in
-one line, and a failed `--force` rewrite leaves the old cell whole. No vLLM server is started:
-the server and the HTTP client are stand-ins."""
+one line, a failed `--force` rewrite leaves the old cell whole, and one killed mid-swap leaves
+it to be reused. No vLLM server is started: the server and the HTTP client are stand-ins."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -199,3 +203,43 @@ def test_a_failed_force_rewrite_leaves_the_old_cell_whole(bench, monkeypatch, fa
     assert [p.name for p in bench.root.iterdir() if p.name.startswith(".synthetic")] == [
         f".{cell.name}.lock"
     ]
+
+
+# In the child: the cell rewritten with other numbers, SIGKILLed as its staging folder is
+# renamed into the cell's place (the old cell already set aside).
+KILLED_REWRITE = """
+import os, pathlib, signal, sys
+import pandas as pd
+from analysis.platform.manifest import read_json
+from analysis.serving import storage
+cell = pathlib.Path(sys.argv[1])
+real_rename = pathlib.Path.rename
+def rename(self, target):
+    if ".partial-" in self.name:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return real_rename(self, target)
+pathlib.Path.rename = rename
+frame = pd.read_parquet(cell / "requests.parquet").assign(ttft_s=0.5)
+storage._write_run(cell, frame, read_json(cell / "summary.json"), read_json(cell / "manifest.json"))
+"""
+
+
+def test_a_force_rewrite_killed_at_the_swap_leaves_the_old_cell_reused(bench):
+    """Probe 10.7: `serve-bench --force` killed at the staging-to-final rename used to leave
+    both cells set aside, and the next run discarded both and measured the cell again."""
+    bench.run()
+    (cell,) = bench.root.glob("synthetic-*")
+    before = cell_files(cell)
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_REWRITE, str(cell)],
+        env=os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert not cell.exists()
+    bench.sent = 0
+    bench.run()  # no --force
+    assert bench.sent == 0  # the old cell was put back and reused, not measured again
+    assert cell_files(cell) == before

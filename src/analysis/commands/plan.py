@@ -77,15 +77,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "measures at start and a plan cannot (default 0: an upper bound on the KV budget)",
     )
     parser.add_argument(
-        "--out", type=Path, default=None, help="a folder for the tables (Parquet and CSV)"
+        "--out",
+        type=Path,
+        default=None,
+        help="a folder for the tables (Parquet and CSV): new, empty or an earlier plan's; "
+        "replaced whole once the plan is done",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def main(args: argparse.Namespace) -> int:
     from analysis.platform.errors import UsageError
-    from analysis.sweeps.capacity_target import plan_record, write_plan_tables
+    from analysis.sweeps.capacity_target import check_plan_folder, plan_record, write_plan_tables
 
+    if args.out is not None:  # a full, read-only or mistaken --out: one line, before any work
+        check_plan_folder(args.out)
     try:
         plan, answer = compute(args)
     except (ValueError, FileNotFoundError) as exc:

@@ -48,6 +48,7 @@ from analysis.engines.config import RunConfig
 from analysis.platform.errors import ResultError
 from analysis.platform.manifest import (
     read_json,
+    restore_set_aside,
     staged_folder,
     write_json,
     write_parquet,
@@ -170,4 +171,7 @@ def _read_part(path: Path, reader: Callable[[Path], Any]) -> Any:
 
 
 def is_complete(folder: Path) -> bool:
+    """A folder with its manifest (written last). A result that a `--force` rewrite killed
+    mid-swap left set aside is put back first: it is complete, and recomputing it wastes a run."""
+    restore_set_aside(Path(folder))
     return (Path(folder) / MANIFEST).is_file()

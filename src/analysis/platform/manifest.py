@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import functools
 import gc
+import glob
 import hashlib
 import json
 import os
@@ -21,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.platform.paths import repo_root
+from analysis.platform.writable import refuse_file_in_the_way
 
 TRACKED_PACKAGES = (
     "prefix-cache-lab",
@@ -145,28 +147,70 @@ def write_parquet(path: Path, frame: pd.DataFrame) -> None:
 
 
 def swap_folder(staging: Path, folder: Path) -> None:
-    """Put a complete `staging` folder in `folder`'s place (call it holding `lock_beside`);
-    if that fails, the old folder goes back."""
+    """Put a complete `staging` folder in `folder`'s place (call it holding `lock_beside`).
+
+    The old folder is set aside as `.NAME.old` and deleted only once the new one is in place,
+    so a process killed at any instant leaves one complete copy under a known name
+    (`restore_set_aside` puts it back); if the swap fails, the old folder goes back at once.
+    """
     if not folder.exists():
         staging.rename(folder)
         return
-    old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
-    shutil.rmtree(old, ignore_errors=True)
+    old = set_aside_path(folder)
+    _discard(old)
     folder.rename(old)
     try:
         staging.rename(folder)
     except BaseException:
         old.rename(folder)
         raise
-    shutil.rmtree(old, ignore_errors=True)
+    _discard(old)
+
+
+def set_aside_path(folder: Path) -> Path:
+    """Where `swap_folder` keeps the old folder while the new one moves in (one swap at a time
+    holds the lock, so the name needs no process id)."""
+    return folder.with_name(f".{folder.name}.old")
+
+
+def _discard(path: Path) -> None:
+    """Delete a folder after renaming it out of the way: a folder half deleted by a killed
+    process never keeps a name that could be restored."""
+    if not path.exists():
+        return
+    trash = path.with_name(f"{path.name}.trash-{os.getpid()}")
+    shutil.rmtree(trash, ignore_errors=True)  # an earlier one this process could not finish
+    path.rename(trash)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def restore_set_aside(folder: Path) -> None:
+    """Put back the folder that a swap killed mid-way set aside, when nothing took its place:
+    it was complete, so it is kept rather than recomputed. One stat while `folder` exists."""
+    folder = Path(folder)
+    if folder.exists() or not set_aside_path(folder).is_dir():
+        return
+    with lock_beside(folder):  # a live swap holds the lock: wait for it to end
+        _restore_under_lock(folder)
+
+
+def _restore_under_lock(folder: Path) -> None:
+    """`restore_set_aside`'s move, for a caller that holds `lock_beside(folder)`: no swap is
+    under way, so a set-aside folder is a killed swap's and the only complete copy."""
+    old = set_aside_path(folder)
+    if not folder.exists() and old.is_dir():
+        old.rename(folder)
 
 
 @contextmanager
 def staged_folder(folder: Path):
     """Yield an empty staging folder beside `folder`; when the block succeeds, swap it into
-    `folder`'s place under `lock_beside` (dead writers' leftovers removed first). Whatever the
-    block leaves unfinished is removed: an interrupted write never looks complete."""
+    `folder`'s place under `lock_beside` (a killed swap's old folder restored and dead writers'
+    leftovers removed first). Whatever the block leaves unfinished is removed: an interrupted
+    write never looks complete. A file in `folder`'s place is refused before the block runs:
+    the swap would delete it."""
     folder = Path(folder)
+    refuse_file_in_the_way(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = folder.with_name(f".{folder.name}.partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
@@ -174,6 +218,7 @@ def staged_folder(folder: Path):
     try:
         yield staging
         with lock_beside(folder):
+            _restore_under_lock(folder)
             remove_dead_writers(folder)
             swap_folder(staging, folder)
     finally:
@@ -181,13 +226,14 @@ def staged_folder(folder: Path):
 
 
 def remove_dead_writers(folder: Path) -> None:
-    """The staging (`.NAME.partial-PID`) and set-aside (`.NAME.old-PID`) folders of `folder`
-    whose writing process no longer exists."""
-    for stale in folder.parent.glob(f".{folder.name}.*-*"):
+    """The staging (`.NAME.partial-PID`) and half-deleted (`*.trash-PID`) folders of `folder`
+    whose writing process no longer exists (and `.NAME.old-PID`, the set-aside name of
+    earlier versions)."""
+    for stale in folder.parent.glob(f".{glob.escape(folder.name)}.*-*"):
         kind, _, pid = stale.name.rpartition("-")
-        if not kind.endswith((".partial", ".old")) or not pid.isdigit() or not stale.is_dir():
+        if not kind.endswith((".partial", ".trash", ".old")) or not pid.isdigit():
             continue
-        if not _alive(int(pid)):
+        if stale.is_dir() and not _alive(int(pid)):
             shutil.rmtree(stale, ignore_errors=True)
 
 

@@ -45,6 +45,23 @@ def ensure_writable(folder: str | Path) -> Path:
     return folder
 
 
+def ensure_replaceable(folder: str | Path) -> Path:
+    """Before the work whose folder `manifest.staged_folder` will swap in as `folder`: its
+    parent can be written (the staging folder is made there) and no file stands in its place
+    (the swap would set the file aside and delete it). `OutputError` (one line) if not."""
+    folder = Path(folder)
+    refuse_file_in_the_way(folder)
+    ensure_writable(folder.parent)
+    return folder
+
+
+def refuse_file_in_the_way(folder: str | Path) -> None:
+    """`OutputError` when something other than a folder stands where `folder` will go."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise output_error(folder, NotADirectoryError(errno.ENOTDIR, "not a folder"))
+
+
 def output_error(folder: str | Path, exc: OSError) -> OutputError:
     """One line for an `OSError` met while creating or writing `folder`."""
     reason = REASONS.get(exc.errno or 0)

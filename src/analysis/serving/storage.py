@@ -3,9 +3,10 @@
 that a folder counts only once complete), and the readers that turn folders back into tables.
 
 A cell's folder is written whole in a staging folder beside it and swapped in under a lock, so
-that an interrupted write (or `--force` rewrite) leaves the old cell or none, never a mix. A
-written cell is reused only if every request it planned succeeded (`is_reusable`); one with
-timeouts or errors keeps its counts and notes and is run again next time.
+that an interrupted write (or `--force` rewrite) leaves one whole cell, never a mix: the old
+cell (set aside at worst, and put back by the next reader) or the new one. A written cell is
+reused only if every request it planned succeeded (`is_reusable`); one with timeouts or errors
+keeps its counts and notes and is run again next time.
 
 A module of its own so that tables, notebooks and the report read results without the code
 that produces them (no server, no load generator).
@@ -23,6 +24,7 @@ import pandas as pd
 
 from analysis.platform.manifest import (
     read_json,
+    restore_set_aside,
     staged_folder,
     write_json,
     write_parquet,
@@ -41,7 +43,9 @@ def _digest(obj: Any, length: int = 10) -> str:
 
 
 def is_finished(run_dir: Path) -> bool:
-    """A run folder counts only once its manifest (written last) exists."""
+    """A run folder counts only once its manifest (written last) exists. A cell that a
+    `--force` rewrite killed mid-swap left set aside is put back first, not measured again."""
+    restore_set_aside(run_dir)
     return (run_dir / "manifest.json").is_file()
 
 
@@ -69,7 +73,7 @@ def _write_run(
     gauges: pd.DataFrame | None = None,
 ) -> None:
     """Write a cell into a staging folder beside `run_dir`, manifest last, and swap it in under
-    a lock: an interrupted write leaves the old cell whole (or none), never a mix of both."""
+    a lock: an interrupted write leaves one whole cell (the old or the new), never a mix."""
     with staged_folder(run_dir) as staging:
         write_parquet(staging / "requests.parquet", frame)
         if gauges is not None and not gauges.empty:

@@ -12,6 +12,7 @@ formula at a given `gpu_memory_utilization`.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -199,24 +200,92 @@ def plan_record(plan: CapacityPlan, answer: TargetAnswer) -> dict[str, Any]:
     return json.loads(json.dumps(record, default=_plain))
 
 
-def write_plan_tables(plan: CapacityPlan, answer: TargetAnswer, folder: Path) -> None:
-    """The curves, the engine points and the per-request `cached_tokens` of the answer's run."""
-    from analysis.metrics.cached_tokens import cached_tokens_table
-    from analysis.platform.manifest import write_json, write_parquet
-    from analysis.platform.writable import ensure_writable
+def write_plan_tables(plan: CapacityPlan, answer: TargetAnswer, folder: Path) -> Path:
+    """The curves, the engine points and the per-request `cached_tokens` of the answer's run
+    (Parquet and CSV), `answer.json`, then `manifest.json`: staged and swapped in whole under
+    a lock, so that two plans into one folder leave one plan's set and an interrupted or failed
+    write leaves the folder as it was. A file system that refuses is one line (`OutputError`)."""
+    from analysis.platform.errors import OutputError
+    from analysis.platform.manifest import staged_folder
+    from analysis.platform.writable import output_error
 
-    ensure_writable(folder)
+    folder = check_plan_folder(folder)
+    tables = plan_tables(plan, answer)
+    try:
+        with staged_folder(folder) as staging:
+            _write_plan_files(staging, plan, answer, tables)
+    except OutputError:
+        raise
+    except OSError as exc:
+        raise output_error(folder, exc) from None
+    return folder
+
+
+PLAN_TABLES = ("curves", "engine_points", "cached_tokens")
+PLAN_FILES = frozenset(
+    {f"{name}.{ext}" for name in PLAN_TABLES for ext in ("parquet", "csv")}
+    | {"answer.json", "manifest.json"}
+)
+
+
+def check_plan_folder(folder: str | Path) -> Path:
+    """The folder a plan will replace, asked before the plan's work: writable, and new, empty
+    or a plan's own (the swap replaces the folder whole, so a folder holding anything else is
+    refused rather than emptied). `OutputError` (one line) if not."""
+    from analysis.platform.errors import OutputError
+    from analysis.platform.writable import ensure_replaceable
+
+    folder = ensure_replaceable(Path(folder).resolve())
+    if folder.is_dir():
+        others = sorted(p.name for p in folder.iterdir() if p.name not in PLAN_FILES)
+        if others:
+            raise OutputError(
+                f"cannot write to {folder}: it holds files a plan did not write ({others[0]!r}"
+                f"{f' and {len(others) - 1} more' if len(others) > 1 else ''}), and a plan "
+                "replaces its folder whole: choose a new or empty folder"
+            )
+    return folder
+
+
+def plan_tables(plan: CapacityPlan, answer: TargetAnswer) -> dict[str, pd.DataFrame]:
+    """The tables a plan folder holds; `cached_tokens` comes from the answer's engine point
+    (its result folder read back, or the point run when that folder is missing)."""
+    from analysis.metrics.cached_tokens import cached_tokens_table
+
     blocks = answer.engine.num_blocks or int(plan.points["num_blocks"].max())
     requests = replay_point(plan.trace, plan.settings, blocks).requests
-    tables = {
-        "curves": plan.curves,
-        "engine_points": plan.points,
-        "cached_tokens": cached_tokens_table(requests).assign(num_blocks=blocks),
-    }
+    frames = (plan.curves, plan.points, cached_tokens_table(requests).assign(num_blocks=blocks))
+    return dict(zip(PLAN_TABLES, frames, strict=True))
+
+
+def _write_plan_files(
+    staging: Path, plan: CapacityPlan, answer: TargetAnswer, tables: dict[str, pd.DataFrame]
+) -> None:
+    """Every file of a plan folder into `staging`, the manifest last (it marks the set whole)."""
+    from analysis.platform.manifest import write_json, write_parquet
+
     for name, frame in tables.items():
-        write_parquet(folder / f"{name}.parquet", frame)
-        frame.to_csv(folder / f"{name}.csv", index=False)
-    write_json(folder / "answer.json", plan_record(plan, answer))
+        write_parquet(staging / f"{name}.parquet", frame)
+        frame.to_csv(staging / f"{name}.csv", index=False)
+    write_json(staging / "answer.json", plan_record(plan, answer))
+    write_json(staging / "manifest.json", plan_manifest(plan, sorted(tables)))
+
+
+def plan_manifest(plan: CapacityPlan, tables: list[str]) -> dict[str, Any]:
+    """What made a plan folder: its trace and settings, the tables, versions, commit, time."""
+    from analysis.platform.manifest import git_commit, package_versions
+
+    return {
+        "trace": plan.trace.label,
+        "replay_file": str(plan.trace.replay_file),
+        "block_size": plan.trace.block_size,
+        "limit": plan.trace.limit,
+        "settings": asdict(plan.settings),
+        "tables": tables,
+        "versions": package_versions(),
+        "git_commit": git_commit(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
 
 
 def _plain(value: Any) -> Any:
