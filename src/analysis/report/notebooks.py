@@ -124,7 +124,7 @@ def run_point_notebook(point: Point, grid: str | Path, *, force: bool = False) -
     that `make sweep` would take as done)."""
     output = reports_dir() / "runs" / Path(grid).stem / f"{point.point_id}.ipynb"
     partial = output.with_name(f".{output.stem}.partial.ipynb")
-    parameters = point.config.to_dict() | {"force": force}
+    parameters = {"run_config": point.config.to_dict(), "force": force}  # every field
     try:
         execute(notebooks_dir() / RUN_CONFIG_NOTEBOOK, partial, parameters, progress=False)
     except Exception as exc:  # papermill's PapermillExecutionError: the kernel's own error
