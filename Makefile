@@ -112,9 +112,10 @@ sweep: traces ## run GRID's points each through notebook 03 (copies in reports/r
 sweep-points: $(foreach p,$(POINTS),$(RUNS)/$(p).ipynb)
 
 # One executed copy of notebook 03 per point; its result is computed unless already complete.
-# papermill writes the copy as it goes, so a point that fails or is killed leaves a notebook
-# that is not done: a failed recipe deletes it (.DELETE_ON_ERROR), and a run that never got to
-# its end (make itself SIGKILLed) leaves its `.running` mark, which makes the point run again.
+# `sweep --point` renames the copy into place only when the whole notebook ran; should a
+# half-written one be left anyway, a failed recipe deletes it (.DELETE_ON_ERROR), and a run that
+# never got to its end (make itself SIGKILLed) leaves its `.running` mark, which makes the point
+# run again.
 .DELETE_ON_ERROR:
 .SECONDEXPANSION:
 $(RUNS)/%.ipynb: $$(if $$(wildcard $$@.running),FORCE)

@@ -74,6 +74,14 @@ def test_config_id_is_readable_and_changes_with_config_and_trace():
     assert RunConfig.from_dict(config.to_dict()) == config
 
 
+def test_a_point_config_with_a_name_that_is_no_field_is_refused():
+    """Row 14.9: a field name that does not reach the engine is an error, never dropped."""
+    fleet = RunConfig(engine="fleet", replicas=2, router="affinity", think_time_s=0.5)
+    assert RunConfig.from_fields(fleet.to_dict()) == fleet
+    with pytest.raises(ConfigError, match="replica is not a RunConfig field"):
+        RunConfig.from_fields({"engine": "fleet", "replica": 2})
+
+
 # --------------------------------------------------------------------------- workload
 @pytest.mark.parametrize("engine", ["replay", "fleet"])
 def test_a_device_changes_no_id_of_an_engine_without_a_model(engine):

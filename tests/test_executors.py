@@ -5,6 +5,7 @@ finished; `--executor ray` without Ray is one line."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -214,3 +215,88 @@ def test_local_workers_keep_real_engine_points_here_one_at_a_time(grid, monkeypa
     executors.run_points(points, "local", workers=2, results=tmp_path, progress=False)
     assert here == ["vllm"] * 4
     assert elsewhere == ["replay"] * 4
+
+
+# --- one point, every way it can run: inline, through notebook 03 (`make sweep`), on Ray -------
+
+
+@pytest.fixture(scope="module")
+def every_field_grid(tmp_path_factory) -> Path:
+    """A fleet point (2 replicas, the affinity router) and a replay point on a clock (Poisson
+    arrivals, a think time): fields beyond the ones every point has."""
+    from analysis.data.traces import write_trace
+
+    folder = tmp_path_factory.mktemp("every-field")
+    trace = folder / "tiny.parquet"
+    write_trace(trace, synthetic_trace(40, turns=(1, 4), user_tokens=(20, 300), seed=7))
+    profile = folder / "profile.json"
+    coefficients = {"fixed": 0.004, "token": 2e-5, "new_request": 1e-3, "decode_context": 5e-4}
+    profile.write_text(json.dumps({"coefficients": coefficients, "admit_s": 2e-4, "loop_s": 1e-4}))
+    path = folder / "every-field.toml"
+    path.write_text(
+        f"""
+[base]
+max_model_len = 2048
+max_num_seqs = 6
+
+[[series]]
+name = "fleet"
+traces = ["{trace}"]
+engines = ["fleet"]
+block_sizes = [16]
+num_blocks = [300]
+replicas = 2
+router = "affinity"
+concurrency = 8
+
+[[series]]
+name = "timed"
+traces = ["{trace}"]
+engines = ["replay"]
+block_sizes = [16]
+num_blocks = [400]
+mode = "poisson"
+arrival_rate = 4.0
+think_time_s = 0.5
+clock = "{profile}"
+"""
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def every_field_inline(every_field_grid, tmp_path_factory) -> Path:
+    results = tmp_path_factory.mktemp("every-field-inline")
+    points = sweeps.grid_points(every_field_grid)
+    executors.run_points(points, "local", results=results, progress=False)
+    return results
+
+
+@pytest.mark.parametrize("way", ["notebook 03", "ray"])
+def test_a_point_gives_the_same_result_inline_through_notebook_03_and_on_ray(
+    every_field_grid, every_field_inline, monkeypatch, request, tmp_path, way
+):
+    """Row 14.9: `make sweep` runs each point through notebook 03, which rebuilt the config
+    from some fields only: a fleet point ran one replica, round-robin, and was taken as done.
+    Every field now reaches the engine whichever way the point runs."""
+    from analysis.report.notebooks import run_point_notebook
+
+    points = sweeps.grid_points(every_field_grid)
+    assert "-x2-affinity-" in sweeps.result_folder(points[0]).name
+    if way == "ray":
+        pytest.importorskip("ray", reason="the ray extra is not installed (make setup EXTRAS=ray)")
+        request.getfixturevalue("ray_instance")
+        executors.run_points(points, "ray", results=tmp_path / "data" / "results", progress=False)
+    else:
+        monkeypatch.setenv("PREFIX_CACHE_LAB_ROOT", str(tmp_path))  # reports/, data/results/
+        monkeypatch.setattr(
+            "analysis.report.notebooks.notebooks_dir",
+            lambda: Path(__file__).resolve().parents[1] / "notebooks",
+        )
+        for point in points:
+            run_point_notebook(point, every_field_grid)
+    for point in points:
+        same_tables(
+            sweeps.result_folder(point, every_field_inline),
+            sweeps.result_folder(point, tmp_path / "data" / "results"),
+        )

@@ -136,6 +136,25 @@ def test_the_offload_table_is_kept_and_read_back_whole(tmp_path, monkeypatch):
     assert elsewhere != path and list(other["multiple"]) == [0, 1]
 
 
+@pytest.mark.parametrize("cut", ["json", "parquet"])
+def test_a_cut_kept_offload_file_is_computed_again_with_a_note(tmp_path, monkeypatch, capsys, cut):
+    """Row 15.5: the kept JSON cut at 300 bytes was a JSONDecodeError traceback out of
+    notebook 16; now the loader says which file and computes the table again, whole."""
+    from analysis.sweeps.offload import cached_offload_table
+
+    monkeypatch.setenv("PREFIX_CACHE_LAB_ROOT", str(tmp_path))
+    settings = dict(gpu_blocks=40, clients=6, multiples=(0, 4), max_model_len=512)
+    table, path = cached_offload_table(TRACE, **settings)
+    broken = path.with_suffix(f".{cut}")
+    whole = broken.read_bytes()
+    broken.write_bytes(whole[: min(300, len(whole) // 2)])
+    capsys.readouterr()
+    again, same = cached_offload_table(TRACE, **settings)
+    assert f"{broken} cannot be read" in capsys.readouterr().err
+    assert same == path and again.equals(table) and again.attrs == table.attrs
+    assert broken.read_bytes() == whole if cut == "json" else len(broken.read_bytes()) > 300
+
+
 def test_prefill_time_saved_is_tokens_over_the_rate():
     import pandas as pd
 

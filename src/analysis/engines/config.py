@@ -100,6 +100,17 @@ class RunConfig:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
+    @classmethod
+    def from_fields(cls, data: dict[str, Any]) -> RunConfig:
+        """A config from its fields as a sweep point hands them on (an executor's task,
+        notebook 03's `run_config`): a name that is no field is refused, never dropped."""
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ConfigError(
+                f"{', '.join(unknown)} is not a RunConfig field (see analysis.engines.RunConfig)"
+            )
+        return cls.from_dict(data)
+
     def with_(self, **changes: Any) -> RunConfig:
         return replace(self, **changes)
 

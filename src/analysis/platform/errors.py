@@ -62,6 +62,15 @@ class ResultError(AnalysisError):
     """A result folder that exists but cannot be read (a corrupt or foreign table)."""
 
 
+class NotebookError(AnalysisError):
+    """A notebook that stopped before its end (a cell's error, a dead kernel): which one,
+    where and why; `reason` is the part after the notebook's name."""
+
+    def __init__(self, notebook: str, reason: str) -> None:
+        super().__init__(f"{notebook}: {reason}")
+        self.reason = reason
+
+
 class OutputError(AnalysisError, OSError):
     """An output folder that cannot be created or written (full disk, read-only, a file in the
     way); an `OSError` still, for callers that caught the file system's own error."""

@@ -1,21 +1,27 @@
 """Re-execute the notebooks with papermill and turn them into an HTML report.
 
-The committed notebooks are executed in place with their default parameters, so that what is
-committed is what `make report` produced and what nbval re-checks in CI. Sweep points run the
-per-configuration notebook into `reports/runs/` instead (the committed one is never
-overwritten by a sweep point).
+The committed notebooks are re-executed with their default parameters, so that what is
+committed is what `make report` produced and what nbval re-checks in CI. papermill writes its
+output as it goes, so every run writes a copy beside its target and renames it into place only
+when the last cell ran: an interrupted, killed or failed run leaves the committed notebook as it
+was. Sweep points run the per-configuration notebook into `reports/runs/` instead (the
+committed one is never overwritten by a sweep point).
 """
 
 from __future__ import annotations
 
 import html
+import logging
 import os
+import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from analysis.platform.errors import ResultError
+from analysis.platform.errors import NotebookError, ResultError
 from analysis.platform.paths import figures_dir, repo_root, reports_dir
 
 if TYPE_CHECKING:
@@ -24,6 +30,12 @@ if TYPE_CHECKING:
 NOTEBOOKS_DIR = "notebooks"
 # The per-configuration notebook: executed by the sweep, once per grid point.
 RUN_CONFIG_NOTEBOOK = "03-run-config.ipynb"
+
+
+# The kernel's own log, which shares the terminal: quiet, so that its start-up warning and the
+# traceback of a reply cut off by Ctrl-C's shutdown do not bury the one line that counts (a
+# cell's error still comes back with the notebook; a kernel's crash is not a log line).
+KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=CRITICAL"]
 
 
 @dataclass(frozen=True)
@@ -48,22 +60,114 @@ def execute(
     parameters: dict | None = None,
     progress: bool = True,
 ) -> Executed:
-    """Run one notebook with papermill (in place unless `output` is given), from its folder."""
+    """Run one notebook with papermill into `output` (default: in place), from its folder;
+    `output` changes only when every cell ran. A cell's error or a dead kernel is a
+    NotebookError (one line); the executed copy up to there is kept under reports/failed/."""
     import papermill
 
     notebook = Path(notebook)
     output = Path(output) if output else notebook
     output.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    papermill.execute_notebook(
-        str(notebook),
-        str(output),
-        parameters=parameters or {},
-        cwd=str(notebook.parent),
-        progress_bar=progress,
-        kernel_name="python3",
-    )
+    logging.getLogger("papermill").addFilter(not_said_again)  # once: the same function
+    with partial_copy(output) as partial:
+        try:
+            papermill.execute_notebook(
+                str(notebook),
+                str(partial),
+                parameters=parameters or {},
+                cwd=str(notebook.parent),
+                progress_bar=progress,
+                kernel_name="python3",
+                extra_arguments=KERNEL_ARGUMENTS,
+            )
+            record_paths(partial, notebook, output)
+        except Exception as exc:
+            reason = stop_reason(exc)
+            if reason is None:
+                raise
+            kept = failed_copy(output)
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(partial, kept)
+            raise NotebookError(notebook.name, f"{reason}; the executed copy is {kept}") from None
     return Executed(notebook, output, time.perf_counter() - started)
+
+
+@contextmanager
+def partial_copy(output: Path) -> Iterator[Path]:
+    """A path beside `output` for papermill to write as it goes, renamed to `output` when the
+    block succeeds and removed otherwise (a SIGKILLed run's copy: by the next run)."""
+    remove_dead_partials(output)
+    partial = output.with_name(f".{output.stem}.partial-{os.getpid()}.ipynb")
+    try:
+        yield partial
+        os.replace(partial, output)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def remove_dead_partials(output: Path) -> None:
+    """The partial copies of `output` left by runs whose process no longer exists."""
+    for stale in output.parent.glob(f".{output.stem}.partial-*.ipynb"):
+        pid = stale.name.removesuffix(".ipynb").rpartition("-")[2]
+        if pid.isdigit() and not _alive(int(pid)):
+            stale.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def record_paths(executed: Path, notebook: Path, output: Path) -> None:
+    """papermill records the paths it was given: name the notebook and where it ends up (not
+    the partial copy), from the repository root (no machine's folders in a committed one)."""
+    import nbformat
+
+    executed_nb = nbformat.read(executed, as_version=4)
+    recorded = executed_nb.metadata.get("papermill", {})
+    recorded["input_path"] = from_root(notebook)
+    recorded["output_path"] = from_root(output)
+    nbformat.write(executed_nb, executed)
+
+
+def from_root(path: Path) -> str:
+    """`path` relative to the repository root where it lies under it, else as it is."""
+    path = Path(path).resolve()
+    root = repo_root().resolve()
+    return path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
+
+
+def failed_copy(output: Path) -> Path:
+    """Where a failed run's executed copy is kept, up to its error: under reports/failed/,
+    away from the notebooks (and from what `make sweep` takes as done)."""
+    return reports_dir() / "failed" / output.name
+
+
+def not_said_again(record: logging.LogRecord) -> bool:
+    """Drop papermill's log line for a dead kernel: the NotebookError says it, with the why."""
+    return not record.getMessage().startswith("Kernel died")
+
+
+def stop_reason(exc: Exception) -> str | None:
+    """Why a notebook stopped, on one line: a cell's error (papermill's), or a dead kernel;
+    None for anything else (not the notebook's doing)."""
+    from nbclient.exceptions import DeadKernelError
+
+    if isinstance(exc, DeadKernelError):
+        return (
+            "its kernel died (killed from outside: most likely the system ran out of memory; "
+            "check free memory, or `dmesg` for the OOM killer, and run it again)"
+        )
+    if hasattr(exc, "ename"):  # papermill's PapermillExecutionError: the kernel's own error
+        value = " ".join(str(exc.evalue).split())
+        return f"{exc.ename}: {value} (cell {exc.exec_count})"
+    return None
 
 
 # What progress bars leave in a notebook's stderr when no terminal shows them.
@@ -118,21 +222,14 @@ def to_html(notebooks: list[Path], out_dir: Path | None = None) -> Path:
 
 
 def run_point_notebook(point: Point, grid: str | Path, *, force: bool = False) -> Path:
-    """Run one point through `notebooks/03-run-config.ipynb` (papermill, parameters injected);
-    the executed copy goes to reports/runs/<grid>/<point>.ipynb, renamed there only when the
-    whole notebook ran (papermill writes as it goes: a failed or killed point leaves no copy
-    that `make sweep` would take as done)."""
+    """Run one point through `notebooks/03-run-config.ipynb` (papermill, the point's whole
+    config injected); the executed copy goes to reports/runs/<grid>/<point>.ipynb only when the
+    whole notebook ran (a failed or killed point leaves no copy that `make sweep` would take
+    as done)."""
     output = reports_dir() / "runs" / Path(grid).stem / f"{point.point_id}.ipynb"
-    partial = output.with_name(f".{output.stem}.partial.ipynb")
-    parameters = point.config.to_dict() | {"force": force}
+    parameters = {"run_config": point.config.to_dict(), "force": force}  # every field
     try:
-        execute(notebooks_dir() / RUN_CONFIG_NOTEBOOK, partial, parameters, progress=False)
-    except Exception as exc:  # papermill's PapermillExecutionError: the kernel's own error
-        if not hasattr(exc, "ename"):
-            raise
-        raise ResultError(
-            f"point {point.point_id} failed: {exc.ename}: {exc.evalue} (notebook 03, cell "
-            f"{exc.exec_count}; the executed copy is {partial})"
-        ) from None
-    os.replace(partial, output)
+        execute(notebooks_dir() / RUN_CONFIG_NOTEBOOK, output, parameters, progress=False)
+    except NotebookError as exc:
+        raise ResultError(f"point {point.point_id} failed: {exc.reason}") from None
     return output

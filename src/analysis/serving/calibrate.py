@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
+from analysis.platform.kept_files import read_kept
 from analysis.platform.manifest import read_json, write_json
 from analysis.serving import loadgen
 from analysis.serving.bench_config import ServingBenchConfig
@@ -82,13 +84,18 @@ def calibration(
     model = resolve_model(config.model)
     key = {"server": config.server_config(model, "no_cache").flags(), **model_identity(model)}
     path = pair.root / f"calibration-{_digest(key)}.json"
-    if path.is_file() and not force:
-        return Calibration(**{k: v for k, v in read_json(path).items() if k != "key"})
+    kept = None if force else read_kept(path, _read_calibration)  # a cut file: measured again
+    if kept is not None:
+        return kept
     # both servers start together (the benchmark that follows needs both)
     server = pair.get(config, model, list(config.modes))["no_cache"]
     measured = measure_calibration(server)
     write_json(path, {**asdict(measured), "key": key})
     return measured
+
+
+def _read_calibration(path: Path) -> Calibration:
+    return Calibration(**{k: v for k, v in read_json(path).items() if k != "key"})
 
 
 def plan_requests(

@@ -149,7 +149,7 @@ def compute_point(config: dict[str, Any]) -> Any:
     from analysis.engines import RunConfig
     from analysis.runs import run
 
-    result = run(None, RunConfig.from_dict(config), progress=False)
+    result = run(None, RunConfig.from_fields(config), progress=False)
     return result.without_block_events()
 
 

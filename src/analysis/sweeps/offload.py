@@ -210,11 +210,13 @@ def cached_offload_table(
 ) -> tuple[pd.DataFrame, Path]:
     """`offload_table(trace, **settings)`, kept under data/results/offload/ (Parquet, with the
     settings and the table's attributes beside it in JSON) by the trace's content and the
-    settings: a re-run re-plots without replaying, and the table is on disk for other tools.
-    Returns the table and the path of its Parquet file."""
+    settings: a re-run re-plots without replaying, and the table is on disk for other tools;
+    a kept file that cannot be read back is computed again. Returns the table and the path of
+    its Parquet file."""
     import hashlib
     import json
 
+    from analysis.platform.kept_files import read_kept
     from analysis.platform.manifest import read_json, write_json, write_parquet
     from analysis.platform.paths import results_dir
     from analysis.runs.runner import frame_sha256
@@ -225,10 +227,12 @@ def cached_offload_table(
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     path = results_dir() / "offload" / f"offload-{digest}.parquet"
     meta = path.with_suffix(".json")
-    if path.is_file() and meta.is_file() and not force:
-        table = pd.read_parquet(path)
-        table.attrs = _attrs_from_json(read_json(meta)["attrs"])
-        return table, path
+    if not force:  # a cut or corrupt file (either of the two) is computed again
+        table = read_kept(path, pd.read_parquet)
+        attrs = read_kept(meta, lambda p: _attrs_from_json(read_json(p)["attrs"]))
+        if table is not None and attrs is not None:
+            table.attrs = attrs
+            return table, path
     table = offload_table(trace, **settings)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_parquet(path, table)
