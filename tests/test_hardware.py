@@ -91,11 +91,11 @@ def test_bad_dtype_is_one_line_error(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_dtype_none_keeps_earlier_config_ids_and_explicit_changes_them() -> None:
     import hashlib
 
-    from analysis.engines.config import FLEET_FIELDS, TIME_FIELDS
+    from analysis.engines.config import FLEET_FIELDS, OPTIONAL_FIELDS
 
     base = RunConfig()
-    # the absence of the fields added later (dtype; a fleet's replicas and router; time)
-    later = ("dtype", *FLEET_FIELDS, *TIME_FIELDS)
+    # the absence of the fields added later (dtype; a fleet's replicas and router; time; caching)
+    later = ("dtype", *FLEET_FIELDS, *OPTIONAL_FIELDS)
     before = {k: v for k, v in base.to_dict().items() if k not in later}
     payload = json.dumps(
         {"config": before, "trace_hash": "h", "extra": ""}, sort_keys=True, separators=(",", ":")
@@ -106,6 +106,9 @@ def test_dtype_none_keeps_earlier_config_ids_and_explicit_changes_them() -> None
     timed = base.with_(think_time_s=1.0, clock="p.json")
     assert timed.config_id("h") != base.config_id("h")
     assert timed.readable_prefix().endswith("-think1-timed")
+    uncached = base.with_(prefix_caching=False)
+    assert uncached.config_id("h") != base.config_id("h")
+    assert uncached.readable_prefix().endswith("-nocache")
 
 
 def test_this_machine_is_described() -> None:

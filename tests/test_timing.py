@@ -351,3 +351,68 @@ def test_a_timed_run_exports_a_chrome_timeline(tmp_path, capsys):
         for a, b in zip(mine, mine[1:], strict=False):
             assert b["ts"] == pytest.approx(a["ts"] + a["dur"], abs=1e-3)
     assert len({e["tid"] for e in spans}) == 6
+
+
+# ------------------------------------------------------------------ timestamps, caching off
+def test_timestamp_arrivals_keep_the_logged_times_but_wait_for_the_reply():
+    trace = synthetic_trace(num_conversations=2, turns=2, seed=10)
+    trace["timestamp"] = [100.0, 101.0, 100.5, 110.0]  # conversation c0: 100, 101; c1: 100.5, 110
+    workload = build_workload(trace, RunConfig(max_model_len=4096))
+    arrivals = TimedArrivals(workload, "timestamps", 1, think_time_s=0.25)
+    assert arrivals.due(0.4) == [0] and arrivals.next_time() == 0.5
+    assert arrivals.due(0.5) == [2]
+    arrivals.after_finished([0], now=3.0)  # slower than logged: not before the reply + think
+    arrivals.after_finished([2], now=1.0)  # faster than logged: at the logged time
+    assert arrivals.due(3.2) == [] and arrivals.next_time() == 3.25
+    assert arrivals.due(3.25) == [1]
+    assert arrivals.due(9.9) == [] and arrivals.due(10.0) == [3]
+
+
+def test_timestamp_arrivals_refuse_a_trace_without_times():
+    trace = synthetic_trace(num_conversations=2, turns=1, seed=11)
+    trace["timestamp"] = [0.0, float("nan")]
+    workload = build_workload(trace, RunConfig(max_model_len=4096))
+    with pytest.raises(ConfigError, match="1 of 2 have none"):
+        TimedArrivals(workload, "timestamps", 1)
+    workload = build_workload(trace.drop(columns="timestamp"), RunConfig(max_model_len=4096))
+    with pytest.raises(ConfigError, match="--clients or --rate"):
+        TimedArrivals(workload, "timestamps", 1)
+
+
+@pytest.mark.engine
+def test_caching_off_reuses_nothing_and_costs_time_on_the_clock(tmp_path):
+    """The same multi-turn requests with vLLM's prefix caching on and off: off, no token is
+    served from cache and each prefill is charged in full, so first tokens come later."""
+    trace = synthetic_trace(num_conversations=4, turns=3, user_tokens=(200, 300), seed=12)
+    profile = write_profile(tmp_path / "p.json")
+    config = timed(RunConfig(num_blocks=512, max_model_len=2048, concurrency=2), profile)
+    on = run(trace, config, progress=False)
+    off = run(trace, config.with_(prefix_caching=False), progress=False)
+    assert on.summary["first_prefill"]["hits"] > 0 and off.summary["first_prefill"]["hits"] == 0
+    assert set(on.requests["request_id"]) == set(off.requests["request_id"])
+    later = off.requests[off.requests["turn_index"] > 0]["ttft_s"].mean()
+    assert later > on.requests[on.requests["turn_index"] > 0]["ttft_s"].mean()
+
+
+@pytest.mark.engine
+def test_predict_prints_a_json_summary_and_refuses_bad_arrivals(tmp_path, capsys):
+    from analysis import cli
+
+    trace = tmp_path / "t.parquet"
+    synthetic_trace(num_conversations=4, turns=2, seed=13).to_parquet(trace)
+    profile = write_profile(tmp_path / "p.json")
+    base = ["predict", "--trace", str(trace), "--profile", profile, "--max-model-len", "1024"]
+    base += ["--num-blocks", "256", "--results-dir", str(tmp_path / "r")]
+    assert cli.main([*base, "--clients", "2", "--json", "--slo-ttft", "10"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["requests"] == 8 and summary["prefix_caching"] is True
+    assert summary["ttft_s"]["p50"] <= summary["ttft_s"]["p90"]
+    assert summary["slo_attained"] == 1.0 and summary["goodput_req_s"] > 0
+    table = pd.read_parquet(summary["requests_parquet"])
+    assert set(REQUEST_TIME_COLUMNS) <= set(table.columns) and len(table) == 8
+    for bad, words in [
+        (["--rate", "0"], "positive"),
+        (["--clients", "2", "--slo-tpot", "0"], "--slo-tpot"),
+    ]:
+        assert cli.main([*base, *bad]) == 2
+        assert words in capsys.readouterr().err

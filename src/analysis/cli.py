@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "calibrate",
         "measure the real engine's step costs, fit replay's clock, validate",
     ),
+    "predict": ("predict", "TTFT, TPOT and throughput from replay on a calibrated clock"),
     "gpu-check": ("gpu_check", "prove a GPU machine: real engine vs replay, then GPU timing"),
     "report": ("report", "re-execute the notebooks with papermill and build the HTML report"),
     "readme": ("readme", "rewrite README.md's generated blocks from committed notebook outputs"),

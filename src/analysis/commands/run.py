@@ -130,6 +130,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--warmup", action="store_true", help="vllm: a few requests before the measured run"
     )
     parser.add_argument(
+        "--no-prefix-caching", action="store_true", help="vLLM's prefix caching off"
+    )
+    parser.add_argument(
         "--timeline",
         type=Path,
         default=None,
@@ -172,6 +175,7 @@ def config_from_args(args: argparse.Namespace):
         clock=args.clock,
         clock_anyway=args.clock_anyway,
         warmup=args.warmup,
+        prefix_caching=not args.no_prefix_caching,
     )
 
 

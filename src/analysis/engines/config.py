@@ -22,7 +22,7 @@ from analysis.platform.errors import ConfigError
 from analysis.platform.hardware import DTYPES
 
 ENGINES = ("replay", "vllm", "fleet")
-MODES = ("batch", "closed-loop", "poisson")
+MODES = ("batch", "closed-loop", "poisson", "timestamps")
 OUTPUTS = ("recorded", "free")
 DEVICES = ("cpu", "cuda")
 HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
@@ -51,6 +51,9 @@ TIME_FIELDS = {
     "clock_anyway": False,
     "warmup": False,
 }
+# Fields left out of a run's identity at their defaults, like the time fields (ids made before
+# they existed stay the same).
+OPTIONAL_FIELDS = {**TIME_FIELDS, "prefix_caching": True}
 # The CPU attention backend only takes block sizes that are multiples of this.
 CPU_BLOCK_MULTIPLE = 32
 # The local random model's context (analysis.models.local.TINY.max_position_embeddings).
@@ -91,6 +94,7 @@ class RunConfig:
     clock: str | None = None  # replay: a step-cost profile (JSON) that gives steps their time
     clock_anyway: bool = False  # use a profile measured for another machine / model / vLLM
     warmup: bool = False  # vllm: a few requests before the measured run (a warm engine)
+    prefix_caching: bool = True  # False: vLLM's prefix caching off (what caching buys, by contrast)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -123,6 +127,8 @@ class RunConfig:
         trace = Path(self.trace).stem if self.trace else "trace"
         if self.mode == "poisson":
             mode = f"poisson{self.arrival_rate:g}"
+        elif self.mode == "timestamps":
+            mode = "timestamps"
         else:
             mode = "batch" if self.mode == "batch" else f"cl{self.concurrency}"
         parts = [trace, self.engine, f"b{self.block_size}", f"n{self.num_blocks}", mode]
@@ -138,12 +144,19 @@ class RunConfig:
             parts.append(f"think{self.think_time_s:g}")
         if self.clock is not None:
             parts.append("timed")
+        if not self.prefix_caching:
+            parts.append("nocache")
         return "-".join(parts)
 
     @property
     def timed(self) -> bool:
-        """Arrivals in seconds (a rate or a think time) or a clock for replay's steps."""
-        return self.mode == "poisson" or self.think_time_s > 0 or self.clock is not None
+        """Arrivals in seconds (a rate, the trace's timestamps or a think time) or a clock for
+        replay's steps."""
+        return (
+            self.mode in ("poisson", "timestamps")
+            or self.think_time_s > 0
+            or self.clock is not None
+        )
 
     def config_id(self, trace_hash: str) -> str:
         """Readable prefix + 10 hex digits of sha256(canonical config JSON + trace hash)."""
@@ -175,7 +188,7 @@ def config_digest(config: RunConfig, trace_hash: str, extra: str = "") -> str:
             del data[name]
     if config.engine != "vllm":  # no model runs: the device changes nothing (ids made had cpu)
         data["device"] = DEVICES[0]
-    for name, default in TIME_FIELDS.items():
+    for name, default in OPTIONAL_FIELDS.items():
         if data[name] == default:
             del data[name]
     if config.clock is not None:  # the profile's content, not where it lies
@@ -274,8 +287,8 @@ def _check_time(config: RunConfig) -> None:
         isinstance(rate, int | float) and math.isfinite(rate) and rate > 0
     ):
         raise ConfigError(
-            f"mode='poisson' needs --arrival-rate, a positive number of conversations per "
-            f"second (got {rate!r})"
+            f"mode='poisson' needs --arrival-rate (predict: --rate), a positive number of "
+            f"conversations per second (got {rate!r})"
         )
     think = config.think_time_s
     if not (isinstance(think, int | float) and math.isfinite(think) and think >= 0):
@@ -288,7 +301,8 @@ def _check_time(config: RunConfig) -> None:
         )
     if config.engine == "replay" and config.clock is None and config.timed:
         raise ConfigError(
-            "arrivals in seconds (mode poisson or a think time) need a clock for replay: give "
+            "arrivals in seconds (mode poisson or timestamps, or a think time) need a clock for "
+            "replay: give "
             "--clock PROFILE.json (measured by `python -m analysis calibrate`), or use "
             "--engine vllm, which runs on the wall clock"
         )

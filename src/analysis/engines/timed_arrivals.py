@@ -15,6 +15,10 @@ next one. Modes:
   `arrival_rate` per second (seeded), and a conversation's later turns arrive `think_time_s`
   after the previous one finished, as a person replies. For a single-turn trace this is the
   usual Poisson request stream.
+- `timestamps`: the trace's own times (its `timestamp` column, counted from the first): a
+  conversation's first turn arrives at its time; a later turn at its time, but never before
+  `think_time_s` after the previous turn finished (a person cannot answer a reply not yet
+  written), so an engine slower than the logged one delays the conversation.
 Requests due at the same time go in the order they were released (trace order within a step).
 """
 
@@ -28,6 +32,7 @@ import numpy as np
 
 from analysis.engines.config import RunConfig
 from analysis.engines.workload import Workload
+from analysis.platform.errors import ConfigError
 
 
 class TimedArrivals:
@@ -67,6 +72,10 @@ class TimedArrivals:
             gaps = np.random.default_rng(seed).exponential(1.0 / arrival_rate, len(conversations))
             for start, turns in zip(np.cumsum(gaps) - gaps[0], conversations, strict=True):
                 self._push(float(start), turns[0], turns[1:])
+        elif mode == "timestamps":
+            self._logged = self._logged_times(conversations)
+            for turns in conversations:
+                self._push(self._logged[turns[0]], turns[0], turns[1:])
         else:
             raise ValueError(f"no timed arrivals for mode {mode!r}")
 
@@ -81,6 +90,19 @@ class TimedArrivals:
             think_time_s=config.think_time_s,
             seed=config.seed,
         )
+
+    def _logged_times(self, conversations: list[list[int]]) -> dict[int, float]:
+        """Each request's logged time, counted from the earliest: a trace without times is one
+        line, not arrivals all at 0."""
+        indices = [index for turns in conversations for index in turns]
+        stamps = np.array([self._specs[index].timestamp_s for index in indices], dtype=float)
+        if not indices or not np.isfinite(stamps).all():
+            missing = int((~np.isfinite(stamps)).sum()) if indices else 0
+            raise ConfigError(
+                f"mode 'timestamps' needs a time for every request; {missing} of {len(indices)} "
+                "have none (the trace has no usable `timestamp` column): use --clients or --rate"
+            )
+        return dict(zip(indices, (stamps - stamps.min()).tolist(), strict=True))
 
     def _runnable(self, turns: list[int]) -> list[int]:
         return [index for index in turns if not self._specs[index].skipped]
@@ -121,6 +143,9 @@ class TimedArrivals:
             if later is None:
                 continue
             if later:
-                self._push(now + self._think, later[0], later[1:])
+                due = now + self._think
+                if self._mode == "timestamps":
+                    due = max(due, self._logged[later[0]])
+                self._push(due, later[0], later[1:])
             elif self._mode == "closed-loop":
                 self._start_next(now)

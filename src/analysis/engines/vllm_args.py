@@ -1,7 +1,8 @@
 """The vLLM arguments both engines share, so that `replay` and `vllm` schedule alike.
 
 `replay` builds its `VllmConfig` from exactly these `EngineArgs`; `vllm` passes them to
-`vllm.LLM`. Two choices differ from vLLM's defaults, for both engines alike:
+`vllm.LLM`. Prefix caching is on unless the run turns it off (`RunConfig.prefix_caching`). Two
+choices differ from vLLM's defaults, for both engines alike:
 
 - `async_scheduling=False`: one `schedule()` and one `update_from_output()` per step, so a
   closed-loop client's next turn arrives at the same step boundary in both engines.
@@ -20,7 +21,6 @@ from analysis.models.resolved import ResolvedModel, resolve_model
 
 # Settings both engines always take (the rest comes from the RunConfig).
 SHARED_SETTINGS: dict[str, Any] = {
-    "enable_prefix_caching": True,
     "enforce_eager": True,
     "async_scheduling": False,
     "disable_log_stats": False,
@@ -41,6 +41,7 @@ def engine_kwargs(config: RunConfig, model: ResolvedModel) -> dict[str, Any]:
         "max_num_seqs": config.max_num_seqs,
         "enable_chunked_prefill": config.enable_chunked_prefill,
         **SHARED_SETTINGS,
+        "enable_prefix_caching": config.prefix_caching,
         "prefix_caching_hash_algo": config.hash_algo,
         "seed": config.seed,
         "use_tqdm_on_load": False,  # no "Loading safetensors" bar in notebooks and logs

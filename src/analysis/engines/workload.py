@@ -52,6 +52,7 @@ class RequestSpec:
     outputs: np.ndarray  # int32 tokens the request emits (its length is max_tokens)
     recorded_output_tokens: int  # length of the recorded reply (before any cap)
     skipped: bool = False  # prompt too long for max_model_len
+    timestamp_s: float = float("nan")  # the trace's own arrival time, where it has one
 
     @property
     def prompt_tokens(self) -> int:
@@ -127,6 +128,7 @@ def build_workload(
             outputs=_choose_outputs(request_id, response, config, explicit_outputs),
             recorded_output_tokens=int(response.shape[0]),
             skipped=prompt.shape[0] >= config.max_model_len,
+            timestamp_s=float(getattr(row, "timestamp", float("nan"))),
         )
         specs.append(spec)
         conversations.setdefault(spec.conversation_id, []).append(index)
