@@ -416,3 +416,39 @@ def test_predict_prints_a_json_summary_and_refuses_bad_arrivals(tmp_path, capsys
     ]:
         assert cli.main([*base, *bad]) == 2
         assert words in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ held-out goals and spread
+def _errors(workload: str, p50: float, tpot: float) -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            {
+                "workload": workload,
+                "p50_ttft_error": p50,
+                "p90_ttft_error": 0.0,
+                "mean_tpot_error": tpot,
+                "throughput_req_error": 0.0,
+            }
+        ]
+    )
+
+
+def test_a_miss_inside_the_engines_own_spread_is_named_so_and_one_outside_is_not(tmp_path):
+    from analysis.timing import held_out
+
+    validation = pd.concat(
+        [
+            _errors("w", -0.20, -0.30).assign(against="replay on the clock"),
+            _errors("w", 0.15, -0.02).assign(against="real engine, repeat 2"),
+        ]
+    )
+    validation.to_csv(tmp_path / "validation.csv", index=False)
+    spread = held_out.repeat_spread(tmp_path)
+    assert spread["workload"].tolist() == ["w"] and spread["p50_ttft_error"].iloc[0] == 0.15
+    speed = pd.DataFrame({"run": ["w"], "median_measured_over_model": [1.0]})
+    goals = held_out.goal_table(_errors("w", -0.12, -0.30), speed, spread).set_index("statistic")
+    assert goals.loc["p50_ttft", "met_by"] == "the engine's own spread"  # 12 % < 15 %
+    assert goals.loc["mean_tpot", "met_by"] == "missed" and not goals.loc["mean_tpot", "met"]
+    assert goals.loc["p90_ttft", "met_by"] == "the goal"
+    alone = held_out.goal_table(_errors("w", -0.12, -0.30), speed).set_index("statistic")
+    assert alone.loc["p50_ttft", "met_by"] == "missed"  # without a spread, only the goal counts

@@ -108,27 +108,52 @@ def errors(per_request: pd.DataFrame, side: str = "predicted") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def goal_table(errors_: pd.DataFrame, speed: pd.DataFrame) -> pd.DataFrame:
-    """Each held-out statistic against its goal, a miss named with the run's own speed: how
-    far the real engine's steps in that run were from the profile (median of measured /
+def repeat_spread(folder: Path) -> pd.DataFrame:
+    """Per held-out workload, the real engine's second repeat against its first, in the same
+    terms as replay's errors (`calibrate --repeats 2`): the engine's own spread in that run.
+    Empty where the calibration ran once."""
+    table = pd.read_csv(Path(folder) / "validation.csv")
+    repeats = table[table["against"].astype(str).str.startswith("real engine")]
+    return repeats[["workload", *GOALS]].reset_index(drop=True)
+
+
+def goal_table(
+    errors_: pd.DataFrame, speed: pd.DataFrame, spread: pd.DataFrame | None = None
+) -> pd.DataFrame:
+    """Each held-out statistic against its goal, or against the real engine's own spread where
+    that is wider (a second repeat against the first); a miss named with the run's own speed:
+    how far the real engine's steps in that run were from the profile (median of measured /
     modelled step time), which no schedule-based prediction can follow."""
+    spreads = {} if spread is None else spread.set_index("workload").to_dict("index")
     rows = []
     for row in errors_.itertuples(index=False):
         factor = speed.loc[speed["run"] == row.workload, "median_measured_over_model"]
         factor = float(factor.iloc[0]) if len(factor) else np.nan
         for statistic, goal in GOALS.items():
             error = getattr(row, statistic)
+            own = spreads.get(row.workload, {}).get(statistic, np.nan)
+            allowed = max(goal, abs(own)) if np.isfinite(own) else goal
             rows.append(
                 {
                     "workload": row.workload,
                     "statistic": statistic.removesuffix("_error"),
                     "error": round(error, 4),
                     "goal": f"within {goal:.0%}",
-                    "met": abs(error) <= goal,
+                    "engine_repeat_spread": round(own, 4),
+                    "met": abs(error) <= allowed,
+                    "met_by": _met_by(abs(error), goal, abs(own)),
                     "run_speed_vs_profile": round(factor, 3),
                 }
             )
     return pd.DataFrame(rows)
+
+
+def _met_by(error: float, goal: float, own: float) -> str:
+    if error <= goal:
+        return "the goal"
+    if np.isfinite(own) and error <= own:
+        return "the engine's own spread"
+    return "missed"
 
 
 def step_ratios(profile: StepCostProfile, steps: pd.DataFrame) -> pd.DataFrame:
@@ -255,8 +280,18 @@ def reading(errors_: pd.DataFrame, goals: pd.DataFrame, speed: pd.DataFrame, whe
     """What the comparison says, every number from the tables above: per held-out workload
     its errors, and for a miss whether its run went at the profile's speed (then the miss
     is the model's) or strayed from it (then the machine moved under the same work)."""
-    met = int(goals["met"].sum())
-    lines = [f"**Reading ({where}).** {met} of {len(goals)} held-out statistics meet their goal."]
+    met = int((goals["met_by"] == "the goal").sum())
+    inside = int((goals["met_by"] == "the engine's own spread").sum())
+    lines = [
+        f"**Reading ({where}).** {met} of {len(goals)} held-out statistics meet their goal"
+        + (
+            f"; {inside} more miss it by less than the real engine's own second repeat missed "
+            "its first"
+            if inside
+            else ""
+        )
+        + "."
+    ]
     factors = dict(zip(speed["run"], speed["median_measured_over_model"], strict=True))
     for row in errors_.itertuples(index=False):
         factor = float(factors[row.workload])
