@@ -242,6 +242,30 @@ def test_the_fit_recovers_known_coefficients():
     assert fitted.loop_s == pytest.approx(1e-4)
 
 
+def test_a_fit_on_seconds_charges_a_skewed_run_its_whole_time_and_a_relative_one_does_not():
+    """Step times skewed to the slow side (one step in ten takes 3x): the relative fit follows
+    the typical step and under-charges the run; the fit on seconds charges its summed time."""
+    rng = np.random.default_rng(4)
+    n = 2000
+    steps = pd.DataFrame(
+        {
+            "tokens": rng.integers(1, 512, n),
+            "admitted": 0,
+            "admit_s": 0.0,
+            "gap_s": 1e-4,
+        }
+    )
+    slow = np.where(rng.random(n) < 0.1, 3.0, 1.0)
+    steps["wall_s"] = (0.004 + 2e-5 * steps["tokens"]) * slow
+    seconds = fit_profile(steps, {}, terms=["fixed", "token"])
+    relative = fit_profile(steps, {}, terms=["fixed", "token"], method="relative")
+    assert seconds.fit["fitted"]["summed_time_rel_error"] == pytest.approx(0.0, abs=1e-6)
+    assert relative.fit["fitted"]["summed_time_rel_error"] < -0.05
+    assert relative.fit["method"] != seconds.fit["method"]
+    with pytest.raises(ConfigError, match="no fit method"):
+        fit_profile(steps, {}, method="median")
+
+
 # --------------------------------------------------------------------------- the real engine
 @pytest.mark.engine
 def test_calibrate_on_the_real_cpu_engine(tmp_path, monkeypatch):

@@ -1,10 +1,18 @@
 """Fit a step-cost profile to a real engine's measured steps.
 
-Least squares on relative error (each step weighted by 1 / its measured time, so a 4 ms
-decode step counts as much as a 300 ms prefill), over the terms of
-`analysis.engines.clock.TERMS`. A term whose best coefficient is negative has no physical
-meaning (work that saves time): it is dropped and the rest refitted, and the profile says
-which terms were dropped. The costs outside a step are medians of what the driver measured.
+Least squares over the terms of `analysis.engines.clock.TERMS`, in one of two ways:
+
+- `seconds` (the default): on each step's time in seconds, so the profile estimates a step's
+  *mean* time for its make-up. A run's latencies and throughput are sums of step times, and
+  a mean-fitted profile's summed time over the calibration steps equals the measured sum; the
+  costs outside a step are the driver's means, for the same reason.
+- `relative`: on relative error (each step weighted by 1 / its measured time, so a 4 ms decode
+  step counts as much as a 300 ms prefill): the typical (median-like) step, and the outside
+  costs as medians. Step times are skewed to the slow side, so this profile under-charges a
+  whole run by the skew (the first H100 calibrations were fitted so, and say so).
+
+A term whose best coefficient is negative has no physical meaning (work that saves time): it
+is dropped and the rest refitted, and the profile says which terms were dropped.
 """
 
 from __future__ import annotations
@@ -31,17 +39,24 @@ def design_matrix(steps: pd.DataFrame, terms: Sequence[str]) -> np.ndarray:
     return np.column_stack(columns) if columns else np.zeros((len(steps), 0))
 
 
+# How each way of fitting is named in a profile (`fit["method"]`).
+METHODS = {
+    "seconds": "least squares on seconds (a step's mean time), non-negative terms",
+    "relative": "least squares on relative error, non-negative terms",
+}
+
+
 def fit_coefficients(
-    steps: pd.DataFrame, terms: Sequence[str] = tuple(TERMS)
+    steps: pd.DataFrame, terms: Sequence[str] = tuple(TERMS), method: str = "seconds"
 ) -> tuple[dict[str, float], list[str]]:
-    """Non-negative coefficients by relative least squares; returns (coefficients, dropped)."""
+    """Non-negative coefficients by least squares; returns (coefficients, dropped)."""
     measured = steps["wall_s"].to_numpy(dtype=np.float64)
-    weights = 1.0 / measured
+    weights = 1.0 / measured if method == "relative" else np.ones_like(measured)
     kept = [t for t in terms if _varies(steps, t)]
     dropped = [t for t in terms if t not in kept]
     while kept:
         matrix = design_matrix(steps, kept) * weights[:, None]
-        solution, *_ = np.linalg.lstsq(matrix, np.ones_like(measured), rcond=None)
+        solution, *_ = np.linalg.lstsq(matrix, measured * weights, rcond=None)
         if (solution >= 0).all():
             return dict(zip(kept, map(float, solution), strict=True)), dropped
         worst = kept[int(np.argmin(solution))]
@@ -87,14 +102,20 @@ def residual_summary(profile: StepCostProfile, steps: pd.DataFrame) -> dict[str,
     }
 
 
-def outside_step_costs(steps: pd.DataFrame) -> tuple[float, float]:
-    """(admit_s per request, loop_s per step): medians of what the driver measured."""
+def outside_step_costs(steps: pd.DataFrame, method: str = "seconds") -> tuple[float, float]:
+    """(admit_s per request, loop_s per step) as the driver measured them: means (they add up
+    over a run), or medians for a `relative` fit."""
     handed = steps[steps["admitted"] > 0]
-    admit = handed["admit_s"] / handed["admitted"]
+    admit = (handed["admit_s"] / handed["admitted"]).dropna()
     gaps = steps["gap_s"].dropna()
+    if method == "relative":
+        return (
+            float(admit.median()) if len(admit) else 0.0,
+            float(gaps.median()) if len(gaps) else 0.0,
+        )
     return (
-        float(admit.median()) if len(admit) else 0.0,
-        float(gaps.median()) if len(gaps) else 0.0,
+        float(handed["admit_s"].sum() / handed["admitted"].sum()) if len(admit) else 0.0,
+        float(gaps.mean()) if len(gaps) else 0.0,
     )
 
 
@@ -103,8 +124,11 @@ def fit_profile(
     identity: Mapping[str, Any],
     *,
     terms: Sequence[str] | None = None,
+    method: str = "seconds",
 ) -> StepCostProfile:
     """A profile from measured steps, with the residuals it leaves on them."""
+    if method not in METHODS:
+        raise ConfigError(f"no fit method {method!r}: use one of {', '.join(METHODS)}")
     if terms is None:  # every term whose feature was recorded (older logs have fewer)
         terms = [t for t, (feature, _, _) in TERMS.items() if feature in (None, *steps.columns)]
     usable = fittable_steps(steps)
@@ -112,11 +136,11 @@ def fit_profile(
         raise ConfigError(
             f"{len(usable)} usable steps cannot fit {len(terms)} terms: calibrate with more work"
         )
-    coefficients, dropped = fit_coefficients(usable, terms)
-    admit_s, loop_s = outside_step_costs(steps)
+    coefficients, dropped = fit_coefficients(usable, terms, method)
+    admit_s, loop_s = outside_step_costs(steps, method)
     profile = StepCostProfile(coefficients, admit_s, loop_s, dict(identity))
     fit: dict[str, Any] = {
-        "method": "least squares on relative error, non-negative terms",
+        "method": METHODS[method],
         "dropped_terms": dropped,
         "fitted": residual_summary(profile, usable),
     }

@@ -22,7 +22,7 @@ from analysis.engines.steps import FEATURES
 from analysis.metrics.oracles import Checks
 from analysis.runs import run
 from analysis.timing.calibration import BASE, error_row, latencies
-from analysis.timing.fit import fit_profile, predict_steps
+from analysis.timing.fit import METHODS, fit_profile, predict_steps
 from analysis.timing.workloads import TimingWorkload, calibration_workloads, held_out_workloads
 
 # A run whose steps went more than this far from the profile's speed (median) strayed.
@@ -199,10 +199,42 @@ def lease_comparison(first: pd.DataFrame, second: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def refit(folder: Path) -> StepCostProfile:
-    """The profile fitted again from the folder's measured steps (same method)."""
+def method_of(profile: StepCostProfile) -> str:
+    """How a profile was fitted (its `fit["method"]`, named as in `fit.METHODS`)."""
+    named = {text: name for name, text in METHODS.items()}
+    return named.get(profile.fit.get("method", ""), "relative")
+
+
+def refit(folder: Path, method: str | None = None) -> StepCostProfile:
+    """The profile fitted again from the folder's measured steps (by default the committed
+    profile's own method, which must give it back)."""
     committed = load_profile(Path(folder) / "profile.json")
-    return fit_profile(read_steps(folder, held_out=False), committed.identity)
+    return fit_profile(
+        read_steps(folder, held_out=False),
+        committed.identity,
+        method=method or method_of(committed),
+    )
+
+
+def replay_each_method(folder: Path, device: str, into: Path) -> dict[str, pd.DataFrame]:
+    """Per fit method: the profile fitted from the folder's calibration steps that way (written
+    under `into`), and the held-out workloads replayed on it beside the real engine's
+    latencies, per request. Same steps, same held-out requests: only the fit differs."""
+    measured = read_requests(folder)
+    into.mkdir(parents=True, exist_ok=True)
+    tables = {}
+    for method in METHODS:
+        path = into / f"{Path(folder).name}-{method}.json"
+        path.write_text(json.dumps(refit(folder, method).to_dict(), indent=1))
+        tables[method] = compare(measured, predictions(path, device))
+    return tables
+
+
+def errors_by_method(tables: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """The held-out errors of each fit method, one row per (method, workload)."""
+    frames = [errors(table, "replayed").assign(method=name) for name, table in tables.items()]
+    table = pd.concat(frames, ignore_index=True)
+    return table[["method", *[c for c in table.columns if c != "method"]]]
 
 
 def read_steps(folder: Path, *, held_out: bool = True) -> pd.DataFrame:
@@ -296,8 +328,14 @@ def reading(errors_: pd.DataFrame, goals: pd.DataFrame, speed: pd.DataFrame, whe
     for row in errors_.itertuples(index=False):
         factor = float(factors[row.workload])
         missed = goals[(goals["workload"] == row.workload) & ~goals["met"]]["statistic"]
+        inside = goals[(goals["workload"] == row.workload) & (goals["met_by"] != "the goal")]
         if missed.empty:
-            cause = "every statistic meets its goal"
+            cause = (
+                "every statistic meets its goal"
+                if inside.empty
+                else "every statistic meets its goal or misses it by less than the real "
+                f"engine's own repeat did ({', '.join(inside['statistic'])})"
+            )
         elif abs(factor - 1) > DRIFT:
             cause = (
                 f"its steps took {factor:.2f}x the profile's time for the same work (median), "
