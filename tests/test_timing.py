@@ -476,3 +476,48 @@ def test_a_miss_inside_the_engines_own_spread_is_named_so_and_one_outside_is_not
     assert goals.loc["p90_ttft", "met_by"] == "the goal"
     alone = held_out.goal_table(_errors("w", -0.12, -0.30), speed).set_index("statistic")
     assert alone.loc["p50_ttft", "met_by"] == "missed"  # without a spread, only the goal counts
+
+
+# ------------------------------------------------------------------ a roofline estimate
+def test_a_roofline_profile_charges_the_shapes_flops_and_bytes_at_the_published_peaks():
+    from analysis.timing import roofline
+
+    measured = StepCostProfile(
+        {"fixed": 0.009},
+        6e-4,
+        6e-5,
+        {"model": {"name": "llama-3.2-1b", "num_layers": 16}, "vllm": "0.32.0"},
+    )
+    work = roofline.ShapeWork.of("llama-3.1-8b")
+    assert work.layer_flops_per_token == pytest.approx(2 * 6.98e9, rel=0.01)  # 8B less its head
+    h100 = roofline.roofline_profile("h100", "llama-3.1-8b", measured)
+    h200 = roofline.roofline_profile("h200", "llama-3.1-8b", measured)
+    assert h100.coefficients["token"] == pytest.approx(work.layer_flops_per_token / 989.4e12)
+    assert h200.coefficients["token"] == h100.coefficients["token"]  # same compute
+    assert h200.coefficients["fixed"] < h100.coefficients["fixed"]  # weights read faster
+    assert h100.identity["machine"]["kind"] == "roofline"
+    graphs = roofline.roofline_profile("h100", "llama-3.1-8b", measured, eager=False)
+    assert graphs.coefficients["fixed"] == pytest.approx(work.weight_bytes / 3.35e12)
+
+
+def test_the_roofline_checks_fail_on_an_impossible_estimate():
+    from analysis.timing import roofline
+
+    rows = []
+    for gpu, on, off in [("h100", 0.02, 0.05), ("h200", 0.03, 0.04)]:
+        for caching, seconds in [(True, on), (False, off)]:
+            rows.append(
+                {
+                    "gpu": gpu,
+                    "model": "m",
+                    "execution": "eager",
+                    "prefix": 1024,
+                    "requests": 1,
+                    "caching": caching,
+                    "predicted_s": seconds,
+                }
+            )
+    table = roofline.checks(pd.DataFrame(rows)).table()
+    assert table["holds"].tolist() == [True, False]  # the H200's cached point is slower
+    rows[0]["predicted_s"] = 0.06  # caching on slower than off
+    assert not roofline.checks(pd.DataFrame(rows)).table()["holds"].iloc[0]
