@@ -521,3 +521,25 @@ def test_the_roofline_checks_fail_on_an_impossible_estimate():
     assert table["holds"].tolist() == [True, False]  # the H200's cached point is slower
     rows[0]["predicted_s"] = 0.06  # caching on slower than off
     assert not roofline.checks(pd.DataFrame(rows)).table()["holds"].iloc[0]
+
+
+@pytest.mark.engine
+def test_predict_replays_a_block_hash_trace_at_its_own_timestamps(tmp_path, capsys):
+    from analysis import cli
+
+    lines = [
+        {"timestamp": stamp, "input_length": 64, "output_length": 4, "hash_ids": [1, 2, 3, k]}
+        for k, stamp in zip((4, 5, 6), (0, 500, 1000), strict=True)  # milliseconds, Mooncake's
+    ]
+    trace = tmp_path / "mooncake.jsonl"
+    trace.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    profile = write_profile(tmp_path / "p.json")
+    base = ["predict", "--trace", str(trace), "--profile", profile, "--timestamps"]
+    base += ["--max-model-len", "1024", "--num-blocks", "256", "--results-dir", str(tmp_path)]
+    assert cli.main(base) == 2
+    assert "--trace-block-size" in capsys.readouterr().err
+    assert cli.main([*base, "--trace-block-size", "16", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    table = pd.read_parquet(summary["requests_parquet"]).sort_values("arrival_s")
+    np.testing.assert_allclose(table["arrival_s"], [0.0, 0.5, 1.0])
+    assert summary["first_prefill_hit_rate"] > 0  # the later requests share three blocks

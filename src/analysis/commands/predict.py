@@ -3,25 +3,38 @@
     python -m analysis predict --trace multi_turn --profile data/results/calibration \\
         --clients 8 --limit 100 --json
     python -m analysis predict --profile P --rate 2 --think-time 5 --no-prefix-caching
+    python -m analysis predict --profile P --timestamps --clock-anyway --block-size 512 \\
+        --trace data/external/mooncake/conversation_trace.jsonl.gz --trace-block-size 512
 
 vLLM's own scheduler decides every step (`replay`); the step-cost profile that
 `python -m analysis calibrate` measured gives each step its time. Arrivals: closed-loop clients
 (`--clients`), a Poisson rate of conversations (`--rate`), or the trace's own times
-(`--timestamps`). The model, block size and token budget default to the profile's, so that the
-profile applies; the per-request table is the run's `requests.parquet`, whose path the summary
-names.
+(`--timestamps`; a block-hash trace's, Mooncake's among them, in seconds). The model, block
+size and token budget default to the profile's, so that the profile applies; the per-request
+table is the run's `requests.parquet`, whose path the summary names.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trace", default="multi_turn", help="a trace name or .parquet path")
+    parser.add_argument(
+        "--trace",
+        default="multi_turn",
+        help="a trace name, a .parquet path, or a block-hash trace (Mooncake's JSONL, .gz too)",
+    )
+    parser.add_argument(
+        "--trace-block-size",
+        type=int,
+        default=None,
+        help="a block-hash trace's own block size (512 for Mooncake, 16 for Alibaba/Qwen)",
+    )
     parser.add_argument(
         "--profile",
         type=Path,
@@ -78,7 +91,7 @@ def config_from_args(args: argparse.Namespace, profile: Any):
     else:
         arrivals = {"mode": "timestamps"}
     chosen = {
-        "trace": args.trace,
+        "trace": token_trace(args.trace, args.trace_block_size),
         "engine": "replay",
         "model": None if model in (None, "tiny-llama") else model,
         "block_size": args.block_size or settings.get("block_size"),
@@ -95,6 +108,25 @@ def config_from_args(args: argparse.Namespace, profile: Any):
         **arrivals,
     }
     return RunConfig(**{k: v for k, v in chosen.items() if v is not None})
+
+
+def token_trace(trace: str, block_size: int | None) -> str:
+    """The trace as replay reads it: a block-hash trace (its `timestamp`s kept, in seconds)
+    becomes a token trace file beside it."""
+    from analysis.data.blockhash import is_blockhash_path, load_blockhash_trace, token_trace_file
+    from analysis.platform.errors import ConfigError
+
+    if not is_blockhash_path(trace):
+        return trace
+    if block_size is None or block_size < 1:
+        raise ConfigError(
+            f"{trace} is a block-hash trace: give --trace-block-size, its own block size (512 "
+            "for Mooncake, 16 for the Alibaba/Qwen traces)"
+        )
+    frame, report = load_blockhash_trace(trace, block_size)
+    if report.malformed:
+        print(report.summary(), file=sys.stderr)
+    return str(token_trace_file(trace, frame))
 
 
 def check_slo(args: argparse.Namespace) -> None:
