@@ -411,7 +411,13 @@ def split_reading(split: pd.DataFrame, constant: pd.DataFrame | None = None) -> 
             f"{row['best_%']:.1f} %); routing costs up to {_points(row['routing_max_pts'])} "
             f"({row['worst_router']})."
         )
-    text.append(_largest_part(split.iloc[-1]))
+    last = split.iloc[-1]
+    text.append(
+        f"Of the load's {_points(last['load_pts'])} there, "
+        f"{_points(last['ideal_%'] - last['lru_%'])} would be lost with conversations one at a "
+        f"time: one LRU cache of the same blocks in trace order hits {last['lru_%']:.1f} %."
+    )
+    text.append(_largest_part(last))
     spread = constant[constant["replicas"] > 1] if constant is not None else constant
     if spread is not None and len(spread):
         one = spread.iloc[0]
