@@ -287,6 +287,89 @@ def test_affinity_keeps_conversations_that_round_robin_scatters():
 
 
 @pytest.mark.engine
+def test_engine_order_bounds_see_the_interleaving_of_many_clients():
+    """With one client the engine admits in trace order, so the bounds in its order are the
+    trace-order ones; with many clients the ideal stays (an infinite cache forgets nothing)
+    and one LRU cache of the same blocks keeps less of the interleaved conversations."""
+    from analysis.metrics.fleet import engine_order_bounds, hit_rate_split
+
+    trace = trace_of(40, seed=13)
+    config = run_config(router="least-loaded", num_blocks=150, mode="closed-loop")
+    alone = run(trace, config.with_(concurrency=1))
+    split, ordered = hit_rate_split(alone, trace), engine_order_bounds(alone, trace)
+    assert ordered.ideal_engine_order == pytest.approx(split.ideal)
+    assert ordered.pooled_lru_engine_order == pytest.approx(split.pooled_lru)
+    crowded = run(trace, config.with_(concurrency=32))
+    many = engine_order_bounds(crowded, trace)
+    assert many.ideal_engine_order == pytest.approx(split.ideal, abs=0.01)
+    assert many.pooled_lru_engine_order < split.pooled_lru - 0.05
+    assert hit_rate_split(crowded, trace).delivered <= many.ideal_engine_order + 1e-9
+
+
+# --------------------------------------------------------------------------- the loss split
+
+
+def fleet_rows(points: list[tuple[str, int, int, str, float]]) -> pd.DataFrame:
+    """A fleet table (`sweeps.fleet.fleet_table`'s columns that the split reads) from
+    (series, replicas, clients, router, delivered), 1,200 blocks in all, ideal 0.8."""
+    return pd.DataFrame(
+        [
+            {
+                "series": series,
+                "replicas": replicas,
+                "concurrency": clients,
+                "total_blocks": 1200,
+                "router": router,
+                "delivered": delivered,
+                "ideal": 0.8,
+                "pooled_lru": 0.79,
+                "ideal_engine_order": 0.8,
+                "pooled_lru_engine_order": 0.6,
+                "running_mean": float(clients),
+            }
+            for series, replicas, clients, router, delivered in points
+        ]
+    )
+
+
+def test_the_loss_split_adds_up_and_names_the_best_and_worst_router():
+    from analysis.sweeps.fleet import loss_split, routing_losses
+
+    table = fleet_rows(
+        [
+            ("one-engine", 1, 8, "least-loaded", 0.78),
+            ("one-engine", 1, 16, "least-loaded", 0.50),
+            ("routers", 1, 8, "affinity", 0.78),
+            ("routers", 1, 8, "round-robin", 0.78),
+            ("routers", 2, 16, "affinity", 0.55),
+            ("routers", 2, 16, "round-robin", 0.30),
+        ]
+    )
+    split = loss_split(table, "routers").set_index("replicas")
+    assert split.loc[1, "best_router"] == "any (one replica)"
+    assert split.loc[1, "splitting_pts"] == pytest.approx(0.0)
+    two = split.loc[2]
+    assert (two["best_router"], two["worst_router"]) == ("affinity", "round-robin")
+    assert two["load_pts"] == pytest.approx(30.0)  # 80 % ideal - 50 % one engine at 16 clients
+    assert two["splitting_pts"] == pytest.approx(-5.0)  # the fleet beat one engine
+    assert two["routing_max_pts"] == pytest.approx(25.0)
+    parts = two["load_pts"] + two["splitting_pts"] + two["routing_max_pts"]
+    assert parts == pytest.approx(80.0 - 30.0)  # ideal minus the worst router's rate
+    behind = routing_losses(table, "routers").set_index("replicas")
+    assert behind.loc[2, "round-robin"] == pytest.approx(25.0)
+    assert behind.loc[2, "affinity"] == pytest.approx(0.0)
+
+
+def test_the_loss_split_names_the_missing_one_engine_run():
+    from analysis.platform.errors import GridError
+    from analysis.sweeps.fleet import loss_split
+
+    table = fleet_rows([("routers", 2, 16, "affinity", 0.55)])
+    with pytest.raises(GridError, match="no run of one engine with 1200 blocks at 16 clients"):
+        loss_split(table, "routers")
+
+
+@pytest.mark.engine
 def test_fleet_points_run_on_ray_as_locally_and_resume(tmp_path):
     """A fleet point is a sweep point: `--executor ray` gives the local tables, and a finished
     point is not run again."""

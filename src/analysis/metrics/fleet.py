@@ -11,7 +11,14 @@ trace (replies count as cached when they are decoded as recorded, as in `sweeps.
   turns and loses reuse here; session affinity keeps it.
 
 `delivered / routed_ideal` is then what the engines' finite caches and interleaving kept of
-what the routing allowed. All three bounds walk the trace in trace order.
+what the routing allowed. All three bounds walk the trace in trace order: a conversation's
+turns follow one another, as with one client.
+
+Two more walk the trace in the order the run's engines admitted the requests
+(`bounds.in_engine_order`; a fleet's replicas merged by step): `ideal_engine_order` and
+`pooled_lru_engine_order`. On a run of one engine they are the single-cache references at that
+run's load, where its clients interleave their conversations (notebook 14 explains why a bound
+beside an engine point must see the engine's order).
 """
 
 from __future__ import annotations
@@ -75,6 +82,30 @@ def hit_rate_split(result: RunResult, trace: pd.DataFrame) -> FleetSplit:
     )
 
 
+@dataclass(frozen=True)
+class EngineOrderBounds:
+    """One cache's references in the order a run admitted its requests (module doc)."""
+
+    ideal_engine_order: float
+    pooled_lru_engine_order: float
+
+
+def engine_order_bounds(result: RunResult, trace: pd.DataFrame) -> EngineOrderBounds:
+    """The ideal and one LRU cache of the run's total blocks, over `trace` (the frame the run
+    read, its limit applied) reordered as the run admitted it: what one cache could keep of the
+    interleaving that the run's clients produced, rather than of conversations one at a time."""
+    config = result.config
+    include_outputs = config.outputs == "recorded" and config.max_output_tokens is None
+    ordered = bounds.in_engine_order(trace, result.admissions)
+    index = bounds.index_trace(ordered, include_outputs=include_outputs)
+    total_blocks = config.replicas * (config.num_blocks - 1)  # vLLM's null block holds nothing
+    pooled = bounds.lru_hit_blocks(index, config.block_size, [total_blocks])[0]
+    return EngineOrderBounds(
+        ideal_engine_order=bounds.ideal_hit_rate(index, config.block_size),
+        pooled_lru_engine_order=float(pooled * config.block_size / index.total_prompt_tokens),
+    )
+
+
 def routed_ideal(
     requests: pd.DataFrame,
     trace: pd.DataFrame,
@@ -117,6 +148,13 @@ def turns_moved(requests: pd.DataFrame) -> float:
     return float((routed.loc[later, "replica"] != previous[later]).mean())
 
 
+def running_mean(engine: dict[str, Any]) -> float:
+    """Requests running at once in the whole fleet, mean over steps: what holds KV blocks (a
+    waiting request holds none), so a fleet whose queues hold requests back runs fewer."""
+    per_replica = engine.get("mean_running_per_replica")
+    return float(sum(per_replica)) if per_replica else float("nan")
+
+
 def fleet_row(result: RunResult, trace: pd.DataFrame) -> dict[str, Any]:
     """One row per fleet run: its configuration, the split, load balance and queueing."""
     config = result.config
@@ -133,9 +171,11 @@ def fleet_row(result: RunResult, trace: pd.DataFrame) -> dict[str, Any]:
         "requests": len(result.requests),
         "skipped": int((result.requests["status"] == "skipped").sum()),
         **hit_rate_split(result, trace).to_dict(),
+        **asdict(engine_order_bounds(result, trace)),
         "turns_moved": turns_moved(result.requests),
         "preemptions": int(result.requests["preemptions"].sum()),
         "load_imbalance_mean": engine.get("load_imbalance_mean"),
+        "running_mean": running_mean(engine),
         "queue_steps_mean": float(queue["queue_steps"].mean()),
         "queue_steps_p95": float(np.percentile(queue["queue_steps"], 95)),
         "queue_steps_first_turn_mean": float(queue.loc[~later, "queue_steps"].mean()),

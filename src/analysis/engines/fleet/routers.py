@@ -10,9 +10,11 @@ deterministic. Adding a router is one class here plus its name in
 
 Sources of the policies: session affinity is consistent hashing (Karger et al. 1997) with
 the bounded-load variant of Mirrokni, Thorup and Zadimoghaddam (2018); `approx-prefix` is
-llm-d's approximate prefix scorer (a router-side LRU of the block hashes it sent to each
-pod); `precise-prefix` is llm-d's precise scorer and Dynamo's KV router (an index fed by
-vLLM's `BlockStored` / `BlockRemoved` events); `prefix-load` is the cache-aware trade-off of
+llm-d's approximate prefix scorer on its own (a router-side LRU of the block hashes it sent to
+each pod): llm-d sums it, weighted, with load scorers (queue depth, KV-cache utilisation), which
+this router leaves out, so it has no load term beyond breaking ties; `precise-prefix` is
+llm-d's precise scorer and Dynamo's KV router (an index fed by vLLM's `BlockStored` /
+`BlockRemoved` events); `prefix-load` is the cache-aware trade-off of
 SGLang's router and vLLM's production stack, written as one score: prefix share minus beta
 times load.
 """
