@@ -68,6 +68,13 @@ lint: setup ## ruff over the package, tests and notebooks; import-linter over th
 # pytest's workers (pytest-xdist): one per core, at most 4 (each starts vLLM and servers).
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
 
+# The inner loop while editing: lint, then every test that starts no vLLM engine, scheduler or
+# server (those are marked `engine` or `gpu`; `make test` runs them all).
+.PHONY: check
+check: setup ## the inner loop: lint + the tests that start no vLLM engine, scheduler or server
+	$(MAKE) --no-print-directory lint
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) -m "not engine and not gpu" -p no:cacheprovider --durations=10
+
 .PHONY: test
 test: setup $(VENV)/.installed-extra-ray ## ruff + pytest (real vLLM and Ray included) + nbval
 	$(MAKE) --no-print-directory lint
