@@ -68,18 +68,36 @@ lint: setup ## ruff over the package, tests and notebooks; import-linter over th
 # pytest's workers (pytest-xdist): one per core, at most 4 (each starts vLLM and servers).
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 4 ? n : 4 )))
 
-.PHONY: test
-test: setup $(VENV)/.installed-extra-ray ## ruff + pytest (real vLLM and Ray included) + nbval
+# The inner loop while editing: lint, then every test that starts no vLLM engine, scheduler or
+# server (those are marked `engine` or `gpu`; `make test` runs them all).
+.PHONY: check
+check: setup ## the inner loop: lint + the tests that start no vLLM engine, scheduler or server
 	$(MAKE) --no-print-directory lint
-	$(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --durations=15
-	$(MAKE) --no-print-directory nbval
+	$(VENV)/bin/pytest -n $(TEST_WORKERS) -m "not engine and not gpu" -p no:cacheprovider --durations=10
 
-# The notebooks re-executed by nbval save their figures under reports/ (not committed), so that
-# a test run leaves the committed figures as they were.
+# pytest and nbval write junit files here; `python -m analysis durations` ends `make test` and
+# `make nbval` with where the time went (phases, slowest tests, each notebook), also written to
+# reports/test-times.csv. The table comes even when a test fails (the exit status is kept).
+JUNIT := reports/junit
+# nbval's notebooks save their figures under reports/ (not committed), so that a test run leaves
+# the committed figures as they were; their kernels start over IPC (notebooks/conftest.py).
+NBVAL_PYTEST := PREFIX_CACHE_LAB_FIGURES=reports/nbval-figures $(VENV)/bin/pytest --nbval \
+  --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout 1200 \
+  -p no:cacheprovider --durations=15 --junitxml=$(JUNIT)/nbval.xml notebooks
+
+.PHONY: test
+test: setup $(VENV)/.installed-extra-ray ## ruff + pytest (real vLLM and Ray included) + nbval, then where the time went
+	$(MAKE) --no-print-directory lint
+	rm -f $(JUNIT)/pytest.xml $(JUNIT)/nbval.xml
+	rc=0; $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --durations=15 \
+	    --junitxml=$(JUNIT)/pytest.xml || rc=$$?; \
+	  if [ $$rc -eq 0 ]; then $(NBVAL_PYTEST) || rc=$$?; fi; \
+	  $(PY) -m analysis durations test; exit $$rc
+
 .PHONY: nbval
-nbval: setup ## re-execute the committed notebooks and compare their outputs
-	PREFIX_CACHE_LAB_FIGURES=reports/nbval-figures $(VENV)/bin/pytest --nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg \
-	  --nbval-cell-timeout 1200 -p no:cacheprovider --durations=15 notebooks
+nbval: setup ## re-execute the committed notebooks and compare their outputs, then each one's time
+	rm -f $(JUNIT)/pytest.xml $(JUNIT)/nbval.xml
+	rc=0; $(NBVAL_PYTEST) || rc=$$?; $(PY) -m analysis durations test; exit $$rc
 
 # A GPU machine set up with `make setup VARIANT=gpu` keeps its CUDA environment here.
 GPU_CHECK_STAMP := $(if $(wildcard $(VENV)/.installed-gpu),$(VENV)/.installed-gpu,$(STAMP))

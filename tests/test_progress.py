@@ -54,6 +54,7 @@ def test_progress_noise_is_found_in_stderr_outputs(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.engine
 def test_vllm_start_up_warnings_go_to_the_log_file_not_stderr(tmp_path: Path) -> None:
     """A real vLLM config build at block 16 on the CPU warns that the CPU backend prefers
     multiples of 32: that line must land in vLLM's log file, and stderr must stay clean."""

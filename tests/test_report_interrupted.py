@@ -117,6 +117,7 @@ def test_a_sigkilled_report_leaves_the_committed_notebook_and_the_next_run_clean
     assert executed.cells[0].outputs[0]["text"] == "done\n"
     assert executed.metadata["papermill"]["output_path"] == f"notebooks/{NAME}"
     assert not list(notebooks.glob(".*.ipynb"))  # the killed run's copy is gone too
+    assert "notebook 99-wait" in (root / "reports" / "report-times.csv").read_text()
 
 
 def test_a_killed_kernel_is_one_line_naming_the_notebook_and_memory(root):

@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "predict": ("predict", "TTFT, TPOT and throughput from replay on a calibrated clock"),
     "gpu-check": ("gpu_check", "prove a GPU machine: real engine vs replay, then GPU timing"),
     "report": ("report", "re-execute the notebooks with papermill and build the HTML report"),
+    "durations": ("durations", "where make test or make report spent its time: table and CSV"),
     "readme": ("readme", "rewrite README.md's generated blocks from committed notebook outputs"),
     "vllm": ("vllm_cli", "vLLM's own command line (serve, bench ...) in this environment"),
 }

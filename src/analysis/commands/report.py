@@ -2,8 +2,9 @@
 
 Each notebook and the HTML export are timed; at the end the per-stage table (with the stages
 `make report` ran before, see `analysis.report.timings`) is printed and kept in
-`reports/timings.json`. `--begin [--setup-seconds S]`, `--stage NAME --run CMD` and
-`--estimate` are the steps the Makefile uses to time and announce its own stages.
+`reports/timings.json` and `reports/report-times.csv` (`analysis.report.durations`).
+`--begin [--setup-seconds S]`, `--stage NAME --run CMD` and `--estimate` are the steps the
+Makefile uses to time and announce its own stages.
 """
 
 from __future__ import annotations
@@ -49,8 +50,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from analysis.platform.errors import UsageError
+    from analysis.platform.paths import reports_dir
     from analysis.platform.progress import interactive
-    from analysis.report import timings
+    from analysis.report import durations, timings
     from analysis.report.notebooks import execute, progress_noise, report_notebooks, to_html
 
     if args.begin:
@@ -90,8 +92,11 @@ def main(args: argparse.Namespace) -> int:
         timings.record("HTML export", time.perf_counter() - started)
         print(f"report: {index}")
     finished = timings.finish()
+    csv = durations.write_csv(
+        durations.report_rows(finished), reports_dir() / durations.REPORT_CSV, finished["finished"]
+    )
     print("\nTime per stage:\n" + timings.table(finished))
-    print(f"(also in {timings.timings_path()})")
+    print(f"(also in {timings.timings_path()} and {csv})")
     return 0
 
 

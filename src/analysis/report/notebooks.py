@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from analysis.platform.errors import NotebookError, ResultError
 from analysis.platform.paths import figures_dir, repo_root, reports_dir
+from analysis.report.kernels import kernel_log_path, papermill_kernel_arguments
 
 if TYPE_CHECKING:
     from analysis.sweeps.grid import Point
@@ -30,12 +31,6 @@ if TYPE_CHECKING:
 NOTEBOOKS_DIR = "notebooks"
 # The per-configuration notebook: executed by the sweep, once per grid point.
 RUN_CONFIG_NOTEBOOK = "03-run-config.ipynb"
-
-
-# The kernel's own log, which shares the terminal: quiet, so that its start-up warning and the
-# traceback of a reply cut off by Ctrl-C's shutdown do not bury the one line that counts (a
-# cell's error still comes back with the notebook; a kernel's crash is not a log line).
-KERNEL_ARGUMENTS = ["--IPKernelApp.log_level=CRITICAL"]
 
 
 @dataclass(frozen=True)
@@ -79,7 +74,7 @@ def execute(
                 cwd=str(notebook.parent),
                 progress_bar=progress,
                 kernel_name="python3",
-                extra_arguments=KERNEL_ARGUMENTS,
+                **papermill_kernel_arguments(),
             )
             record_paths(partial, notebook, output)
         except Exception as exc:
@@ -162,7 +157,8 @@ def stop_reason(exc: Exception) -> str | None:
     if isinstance(exc, DeadKernelError):
         return (
             "its kernel died (killed from outside: most likely the system ran out of memory; "
-            "check free memory, or `dmesg` for the OOM killer, and run it again)"
+            "check free memory, or `dmesg` for the OOM killer, and run it again; the kernel's "
+            f"own log: {kernel_log_path()})"
         )
     if hasattr(exc, "ename"):  # papermill's PapermillExecutionError: the kernel's own error
         value = " ".join(str(exc.evalue).split())

@@ -1,0 +1,99 @@
+"""Where `make test` and `make report` spent their time (`analysis.report.durations`): read
+from pytest's junit files and reports/timings.json, printed as a table, written as CSV."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from analysis import cli
+from analysis.report import durations, timings
+
+# As pytest (xdist or not) writes them: one suite in a <testsuites>, a node id per classname.
+PYTEST_XML = """<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests">
+<testsuite name="pytest" tests="3" time="95.5" timestamp="2026-01-02T03:04:05+00:00">
+<testcase classname="tests.test_a" name="test_slow" time="61.0" />
+<testcase classname="tests.test_b.TestGroup" name="test_fast[1]" time="0.25" />
+<testcase classname="tests.test_a" name="test_middle" time="12.0" />
+</testsuite></testsuites>"""
+NBVAL_XML = """<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest tests">
+<testsuite name="pytest" tests="4" time="40.0" timestamp="2026-01-02T03:06:00+00:00">
+<testcase classname="notebooks.00-download-sharegpt.ipynb" name="Cell 0" time="3.0" />
+<testcase classname="notebooks.00-download-sharegpt.ipynb" name="Cell 1" time="2.5" />
+<testcase classname="notebooks.04-why-few-blocks.ipynb" name="Cell 0" time="20.0" />
+<testcase classname="notebooks.04-why-few-blocks.ipynb" name="Cell 3" time="10.0" />
+</testsuite></testsuites>"""
+
+
+@pytest.fixture
+def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("PREFIX_CACHE_LAB_ROOT", str(tmp_path))
+    return tmp_path
+
+
+def test_junit_files_give_phases_slowest_tests_and_each_notebook(root: Path) -> None:
+    folder = durations.junit_dir()
+    folder.mkdir(parents=True)
+    (folder / durations.PYTEST_XML).write_text(PYTEST_XML)
+    (folder / durations.NBVAL_XML).write_text(NBVAL_XML)
+    rows, recorded = durations.from_junit_dir()
+    assert recorded == "2026-01-02T03:04:05+00:00"
+    by_section = {}
+    for row in rows:
+        by_section.setdefault(row.section, []).append((row.name, row.seconds))
+    assert by_section["phase"] == [("pytest", 95.5), ("nbval", 40.0)]
+    assert by_section["test"] == [
+        ("test_a::test_slow", 61.0),
+        ("test_a::test_middle", 12.0),
+        ("test_b.TestGroup::test_fast[1]", 0.25),
+    ]
+    assert by_section["notebook"] == [
+        ("04-why-few-blocks.ipynb", 30.0),
+        ("00-download-sharegpt.ipynb", 5.5),
+    ]
+    assert durations.junit_rows(durations.read_junit(folder / "pytest.xml"), None, slowest=1)[
+        1:
+    ] == [durations.Row("test", "test_a::test_slow", 61.0)]
+
+
+def test_the_command_prints_the_table_and_writes_the_csv(root: Path, capsys) -> None:
+    folder = durations.junit_dir()
+    folder.mkdir(parents=True)
+    (folder / durations.NBVAL_XML).write_text(NBVAL_XML)  # `make nbval` alone: no pytest file
+    assert cli.main(["durations"]) == 0
+    out = capsys.readouterr().out
+    assert "04-why-few-blocks.ipynb" in out and "30 s" in out and "  pytest " not in out
+    path = root / "reports" / durations.TEST_CSV
+    with path.open(newline="") as handle:
+        written = list(csv.DictReader(handle))
+    assert list(written[0]) == list(durations.FIELDS)
+    assert [(r["section"], r["name"], r["seconds"]) for r in written] == [
+        ("phase", "nbval", "40.00"),
+        ("notebook", "04-why-few-blocks.ipynb", "30.00"),
+        ("notebook", "00-download-sharegpt.ipynb", "5.50"),
+    ]
+    assert {r["recorded"] for r in written} == {"2026-01-02T03:06:00+00:00"}
+    assert durations.read_csv(path)[0] == durations.Row("phase", "nbval", 40.0)
+
+
+def test_no_junit_file_is_said_not_raised(root: Path, capsys) -> None:
+    assert cli.main(["durations", "test"]) == 0
+    assert "no junit files" in capsys.readouterr().out
+
+
+def test_report_stages_are_tabled_and_written(root: Path, capsys) -> None:
+    timings.begin()
+    timings.record("traces", 12.0)
+    timings.record("notebook 00-download-sharegpt", 5.0, ok=False)
+    timings.finish()
+    assert cli.main(["durations", "report"]) == 0
+    out = capsys.readouterr().out
+    assert "notebook 00-download-sharegpt (failed)" in out and "17 s" in out
+    rows = durations.read_csv(root / "reports" / durations.REPORT_CSV)
+    assert rows == [
+        durations.Row("stage", "traces", 12.0),
+        durations.Row("stage", "notebook 00-download-sharegpt (failed)", 5.0),
+        durations.Row("total", "total", 17.0),
+    ]
