@@ -309,3 +309,40 @@ def test_odd_repeats_read_as_words():
     assert serving_stats.odd_repeats_text([2], 3) == "repeat 2 stands apart"
     assert serving_stats.odd_repeats_text([0, 3], 5) == "repeats 0 and 3 stand apart"
     assert serving_stats.odd_repeats_text([0, 1, 2], 3) == "the repeats all differ from one another"
+
+
+def test_repeats_a_few_per_cent_apart_are_not_odd_however_narrow_their_intervals():
+    # 0.105 / 0.110 / 0.099 s with tight requests: the intervals do not overlap, yet the
+    # repeats are 5-10 % apart, which is no news; a repeat 40 % off is flagged
+    rng = np.random.default_rng(5)
+    close = [rng.normal(m, 0.0005, 96) for m in (0.105, 0.110, 0.099)]
+    assert serving_stats.outlier_repeats(close) == []
+    assert serving_stats.outlier_repeats(close, share=0.05) != []  # the old rule flagged them
+    far = [rng.normal(m, 0.01, 12) for m in (1.754, 1.842, 1.088)]
+    assert serving_stats.outlier_repeats(far) == [2]
+
+
+def test_the_interval_is_called_95_only_with_enough_repeats():
+    assert serving_stats.range_coverage(3) == pytest.approx(0.75)
+    assert serving_stats.range_coverage(6) > 0.95 > serving_stats.range_coverage(5)
+    assert serving_stats.interval_label(3) == "bootstrap interval ~ range of 3 repeats"
+    assert serving_stats.interval_label(6) == "95 % interval"
+    note = serving_stats.interval_note(3)
+    assert "75%" in note and "not a 95 % interval" in note
+    assert "a 95 % interval" in serving_stats.interval_note(8)
+    from analysis.serving.tables import readable_table
+
+    table = pd.DataFrame(
+        {
+            "mode": ["cache"],
+            "prefix_regime": ["0"],
+            "concurrency": [1],
+            "repeats": [3],
+            "mean_ttft_s": [0.1],
+            "mean_ttft_lo_s": [0.09],
+            "mean_ttft_hi_s": [0.11],
+            "notes": [""],
+        }
+    )
+    (name,) = [c for c in readable_table(table, ("mean_ttft",)).columns if "TTFT" in c]
+    assert name == "mean TTFT (s), median of 3 repeats [bootstrap interval ~ range of 3 repeats]"
