@@ -346,3 +346,28 @@ def test_the_interval_is_called_95_only_with_enough_repeats():
     )
     (name,) = [c for c in readable_table(table, ("mean_ttft",)).columns if "TTFT" in c]
     assert name == "mean TTFT (s), median of 3 repeats [bootstrap interval ~ range of 3 repeats]"
+
+
+def test_the_lookup_cost_reading_says_what_this_run_measured_and_stays_unresolved():
+    prompts = [[1, 2, 3, 4, 5, 6, 7, 8, 9] * 4, [1, 2, 3, 4, 5, 6, 7, 8, 9] * 3 + [0] * 5]
+    rows = prefix_match.compare_lookup_costs(prompts, 4, repeats=3)
+    assert [r["kind"] for r in rows] == ["radix", "blockhash"]
+    assert all(
+        r["us_per_request_min"] <= r["us_per_request_median"] <= r["us_per_request_max"]
+        for r in rows
+    )
+    reading = prefix_match.lookup_cost_reading(rows)
+    assert reading.startswith("Measured in this run") and "unresolved" in reading
+
+    def fake(low, high):
+        row = {"method": "m", "repeats": 3, "us_per_request_median": 1.0}
+        return [
+            {**row, "kind": "radix", "trie_over_hash_min": low, "trie_over_hash_max": high},
+            {**row, "kind": "blockhash", "trie_over_hash_min": low, "trie_over_hash_max": high},
+        ]
+
+    assert "trie was faster in every repeat" in prefix_match.lookup_cost_reading(fake(0.7, 0.9))
+    assert "trie was slower in every repeat" in prefix_match.lookup_cost_reading(fake(1.1, 1.3))
+    assert "disagree" in prefix_match.lookup_cost_reading(fake(0.9, 1.1))
+    for low, high in ((0.7, 0.9), (1.1, 1.3)):  # a direction in one run is never the answer
+        assert "unresolved" in prefix_match.lookup_cost_reading(fake(low, high))
