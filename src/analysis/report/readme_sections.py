@@ -309,7 +309,16 @@ def report_overhead(root: Path) -> str:
     zero, verdict, at = _zero_share(outputs)
     return (
         f"`make report`'s run of notebook 11: requests/s on / off at 0 % shared "
-        f"{zero.text('')}, {verdict} ({cite(*at)})."
+        f"{zero.text('')} ({_batches_interval(outputs)}), {verdict} ({cite(*at)})."
+    )
+
+
+def _batches_interval(outputs: Outputs) -> str:
+    """What notebook 11's on/off interval is: a bootstrap over a few timed batches per mode."""
+    batches, _ = outputs.match(r"timed batches per point.*?: (\d+)")
+    return (
+        f"a bootstrap interval over {batches.group(1)} timed batches per mode, about their "
+        "range, not a 95 % interval"
     )
 
 
@@ -493,7 +502,7 @@ def _seed_004(root: Path) -> list[str]:
     full = max(sweep, key=lambda r: float(r["fraction"]))
     return [
         f"- Seed 004's sweep ({len(sweep)} shared fractions, offline engine): requests/s on / "
-        f"off at 0 % shared {zero.text('')}, {verdict} "
+        f"off at 0 % shared {zero.text('')} ({_batches_interval(outputs)}), {verdict} "
         f"({cite(*zero_at)}); at {float(full['fraction']) * 100:g} % shared {full['cache']} vs "
         f"{full['no_cache']} requests/s, {full['speedup']}x, realized hit rate "
         f"{pct(full['cache_hit_rate'])} ({cite(sweep_at)}).",
