@@ -91,10 +91,12 @@ def conversation_checks(table: pd.DataFrame, requests: pd.DataFrame) -> Checks:
     measured = requests[~requests["warmup"].astype(bool)]
     on = measured[measured["mode"] == "cache"]
     off = measured[measured["mode"] == "no_cache"]
+    # how many requests ran depends on the calibration (the machine's speed): only whether
+    # the two modes' request ids are the same is printed
     checks.add(
         "the same requests in both modes (request ids)",
-        sorted(map(str, on["request_id"].unique())),
-        sorted(map(str, off["request_id"].unique())),
+        True,
+        sorted(map(str, on["request_id"].unique())) == sorted(map(str, off["request_id"].unique())),
     )
     checks.add(
         "caching off: no prompt token served from the cache",
@@ -132,11 +134,13 @@ def sweep_checks(
     expected = (num_prompts - 1) * sweep["shared_tokens"].map(
         lambda shared: shared_block_tokens(int(shared), input_len, block_size)
     )
+    # counted per fraction: how many timed batches ran depends on the machine's speed
+    exact = (sweep["cached_tokens"] == expected).groupby(sweep["fraction"]).all()
     checks.add(
-        "caching on: every prompt after a batch's first hits the shared full blocks "
-        f"(timed batches, of {len(sweep)})",
-        len(sweep),
-        int((sweep["cached_tokens"] == expected).sum()),
+        "caching on: in every timed batch each prompt after the first hits the shared full "
+        f"blocks (fractions, of {len(exact)})",
+        len(exact),
+        int(exact.sum()),
     )
     realized = sweep.groupby("fraction")["hit_rate"].median().sort_index()
     checks.add(
