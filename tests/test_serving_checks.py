@@ -214,3 +214,13 @@ def test_seed_003s_short_prefix_claim_keeps_its_condition_and_is_not_tested():
     assert "large suffix or long generation" in row
     assert claims.loc[row, "verdict"].startswith("not tested: the seed's condition")
     assert "suffix 24 tokens" in claims.loc[row, "measured"]
+
+
+def test_the_rule_line_names_the_flagged_cells_it_rests_on():
+    note = "machine speed changed during the cell: prefill 1,076 -> 342 tok/s"
+    assert "flagged" not in writeup._rule_line(facts())
+    line = writeup._rule_line(facts({("no_cache", 256, 4): note}))
+    assert (
+        "was 256 tokens" in line
+        and "flagged for a machine-speed change (256 tokens, 4 clients)" in line
+    )

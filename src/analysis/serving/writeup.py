@@ -296,8 +296,24 @@ def _rule_line(facts: Facts) -> str:
         f"({', '.join(map(str, s.concurrency))} clients) was {clear} tokens; nothing between "
         f"{below} and {clear} was measured, so the threshold is somewhere at or below {clear}. "
         f"Seed 003's rule of thumb (about {SEED_RULE_PREFIX} shared tokens and "
-        f"{SEED_RULE_CONCURRENCY} concurrent requests) is {seed}. The gain grows with the "
-        "prefix and with concurrency."
+        f"{SEED_RULE_CONCURRENCY} concurrent requests) is {seed}.{_rule_flags(facts, clear)}"
+    )
+
+
+def _rule_flags(facts: Facts, clear: int) -> str:
+    """The rule rests on the cells of the prefixes up to `clear` at every concurrency: name
+    the ones measured while the machine's speed changed."""
+    flagged = [
+        f"{prefix} tokens, {c} client{'s' if c != 1 else ''}"
+        for prefix in sorted(p for p in facts.study.prefixes if 0 < p <= clear)
+        for c in facts.study.concurrency
+        if flagged_modes(facts, prefix, c)
+    ]
+    if not flagged:
+        return ""
+    return (
+        f" It rests on cells flagged for a machine-speed change ({'; '.join(flagged)}): re-run "
+        "them on a quiet machine before relying on it."
     )
 
 
