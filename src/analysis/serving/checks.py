@@ -104,10 +104,11 @@ def conversation_checks(table: pd.DataFrame, requests: pd.DataFrame) -> Checks:
         int(pd.to_numeric(off["cached_tokens"], errors="coerce").fillna(0).sum()),
     )
     cache_row = table[table["mode"] == "cache"].iloc[0]
+    # the rate depends on how many conversations the calibration chose: only the match prints
     checks.add(
         "server's hit rate = the free-running ideal of these prompts (3 decimals)",
-        round(float(cache_row["predicted_hit_rate"]), 3),
-        round(float(cache_row["hit_rate"]), 3),
+        True,
+        round(float(cache_row["predicted_hit_rate"]), 3) == round(float(cache_row["hit_rate"]), 3),
     )
     checks.add("no request timed out, failed or went unsent", 0, _failed(table))
     return checks
