@@ -194,8 +194,9 @@ def decision_checks(facts: Any, markdown: str) -> Checks:
             start = f"- {prefix}-token shared prefix, {clients}:"
             line = next((x for x in lines if x.startswith(start)), "")
             quoted += int("machine speed changed" in line)
+    # how many cells are flagged depends on the machine's load: only whether all carry it prints
     checks.add(
-        "every flagged cell of the write-up is quoted with its flag (cells)", flagged, quoted
+        "every flagged cell of the write-up is quoted with its flag", True, flagged == quoted
     )
     pm = lines[-1] if lines else ""
     longest = max(s.prefixes)
