@@ -463,3 +463,22 @@ def test_two_plans_into_one_folder_leave_one_plans_whole_set(in_root, tmp_path, 
     pd.testing.assert_frame_equal(curves, plans[writer][0].reset_index(drop=True))
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["limit"] == answer["limit"]
+
+
+def test_the_target_check_can_fail_with_and_without_a_point_below():
+    import pandas as pd
+
+    from analysis.sweeps.capacity_reading import target_check
+    from analysis.sweeps.capacity_target import EngineSearch
+
+    points = pd.DataFrame({"num_blocks": [513, 850, 1400], "first_prefill": [0.07, 0.5, 0.8]})
+    ok = EngineSearch(True, 850, 0.5, 513, 0.8)
+    assert target_check("t", points, ok, 0.4)[3]
+    assert not target_check("t", points, ok, 0.6)[3]  # the answer does not reach the target
+    assert not target_check("t", points, ok, 0.05)[3]  # the point below reaches it too
+    at_minimum = EngineSearch(True, 513, 0.07, None, 0.8)
+    claim, fewest, answer, holds = target_check("t", points, at_minimum, 0.06)
+    assert holds and "vLLM's minimum" in claim and fewest == answer == 513
+    not_minimum = EngineSearch(True, 850, 0.5, None, 0.8)  # no point below, yet not the fewest
+    assert not target_check("t", points, not_minimum, 0.4)[3]
+    assert not target_check("t", points, at_minimum, 0.1)[3]

@@ -119,6 +119,27 @@ def test_the_offload_table_reading_and_checks():
     offload_checks(table).assert_all()
     reading = offload_reading(table)
     assert "stops helping" in reading and f"{100 * table.loc[2, 'total']:.1f} %" in reading
+    # the 0x row's check can fail: a store without a connector is reported
+    wrong = table.copy()
+    wrong.attrs = table.attrs
+    wrong.loc[0, "stored_blocks"] = 1
+    failed = [c.claim for c in offload_checks(wrong).items if not c.holds]
+    assert failed == ["0x (no connector): no block stored or loaded"]
+
+
+def test_the_offload_figure_shows_the_replies_stored_run():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from analysis.plots.offload import hit_rate_by_tier_figure
+    from analysis.sweeps.offload import offload_table
+
+    table = offload_table(TRACE, gpu_blocks=40, clients=6, multiples=(0, 4), max_model_len=512)
+    assert "replies_stored" in table.attrs
+    fig = hit_rate_by_tier_figure(table)
+    labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert len(labels) == 3 and labels[-1].endswith("replies too")
+    assert any("replies stored" in t.get_text() for t in fig.axes[0].get_legend().get_texts())
 
 
 def test_the_offload_table_is_kept_and_read_back_whole(tmp_path, monkeypatch):

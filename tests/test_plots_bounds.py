@@ -117,6 +117,12 @@ def test_capacity_figure_with_engine_points(tmp_path, indexes):
     plt.close(fig)
     assert saved(tmp_path, "bounds-capacity-curves")
     assert "Capacity curves." in (tmp_path / "README.md").read_text()
+    # three off-scale values at neighbouring capacities: their labels do not share a line
+    crowded = engine.iloc[[2, 2, 2]].assign(num_blocks=[3, 4, 5], all_prefill_rate=[0.9, 0.8, 0.7])
+    fig = bounds_plots.capacity_curves_figure(curves, ideal, BLOCK, crowded)
+    offsets = [t.xyann for ax in fig.axes for t in ax.texts]
+    assert len(offsets) == 3 and len({y for _, y in offsets}) == 3
+    plt.close(fig)
 
 
 def test_reuse_and_granularity_figures(tmp_path, indexes):

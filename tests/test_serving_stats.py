@@ -309,3 +309,65 @@ def test_odd_repeats_read_as_words():
     assert serving_stats.odd_repeats_text([2], 3) == "repeat 2 stands apart"
     assert serving_stats.odd_repeats_text([0, 3], 5) == "repeats 0 and 3 stand apart"
     assert serving_stats.odd_repeats_text([0, 1, 2], 3) == "the repeats all differ from one another"
+
+
+def test_repeats_a_few_per_cent_apart_are_not_odd_however_narrow_their_intervals():
+    # 0.105 / 0.110 / 0.099 s with tight requests: the intervals do not overlap, yet the
+    # repeats are 5-10 % apart, which is no news; a repeat 40 % off is flagged
+    rng = np.random.default_rng(5)
+    close = [rng.normal(m, 0.0005, 96) for m in (0.105, 0.110, 0.099)]
+    assert serving_stats.outlier_repeats(close) == []
+    assert serving_stats.outlier_repeats(close, share=0.05) != []  # the old rule flagged them
+    far = [rng.normal(m, 0.01, 12) for m in (1.754, 1.842, 1.088)]
+    assert serving_stats.outlier_repeats(far) == [2]
+
+
+def test_the_interval_is_called_95_only_with_enough_repeats():
+    assert serving_stats.range_coverage(3) == pytest.approx(0.75)
+    assert serving_stats.range_coverage(6) > 0.95 > serving_stats.range_coverage(5)
+    assert serving_stats.interval_label(3) == "bootstrap interval ~ range of 3 repeats"
+    assert serving_stats.interval_label(6) == "95 % interval"
+    note = serving_stats.interval_note(3)
+    assert "75%" in note and "not a 95 % interval" in note
+    assert "a 95 % interval" in serving_stats.interval_note(8)
+    from analysis.serving.tables import readable_table
+
+    table = pd.DataFrame(
+        {
+            "mode": ["cache"],
+            "prefix_regime": ["0"],
+            "concurrency": [1],
+            "repeats": [3],
+            "mean_ttft_s": [0.1],
+            "mean_ttft_lo_s": [0.09],
+            "mean_ttft_hi_s": [0.11],
+            "notes": [""],
+        }
+    )
+    (name,) = [c for c in readable_table(table, ("mean_ttft",)).columns if "TTFT" in c]
+    assert name == "mean TTFT (s), median of 3 repeats [bootstrap interval ~ range of 3 repeats]"
+
+
+def test_the_lookup_cost_reading_says_what_this_run_measured_and_stays_unresolved():
+    prompts = [[1, 2, 3, 4, 5, 6, 7, 8, 9] * 4, [1, 2, 3, 4, 5, 6, 7, 8, 9] * 3 + [0] * 5]
+    rows = prefix_match.compare_lookup_costs(prompts, 4, repeats=3)
+    assert [r["kind"] for r in rows] == ["radix", "blockhash"]
+    assert all(
+        r["us_per_request_min"] <= r["us_per_request_median"] <= r["us_per_request_max"]
+        for r in rows
+    )
+    reading = prefix_match.lookup_cost_reading(rows)
+    assert reading.startswith("Measured in this run") and "unresolved" in reading
+
+    def fake(low, high):
+        row = {"method": "m", "repeats": 3, "us_per_request_median": 1.0}
+        return [
+            {**row, "kind": "radix", "trie_over_hash_min": low, "trie_over_hash_max": high},
+            {**row, "kind": "blockhash", "trie_over_hash_min": low, "trie_over_hash_max": high},
+        ]
+
+    assert "trie was faster in every repeat" in prefix_match.lookup_cost_reading(fake(0.7, 0.9))
+    assert "trie was slower in every repeat" in prefix_match.lookup_cost_reading(fake(1.1, 1.3))
+    assert "disagree" in prefix_match.lookup_cost_reading(fake(0.9, 1.1))
+    for low, high in ((0.7, 0.9), (1.1, 1.3)):  # a direction in one run is never the answer
+        assert "unresolved" in prefix_match.lookup_cost_reading(fake(low, high))

@@ -174,3 +174,62 @@ def time_lookups(
         "us_per_request": elapsed / max(len(prompts), 1) * 1e6,
         "ns_per_token": elapsed / max(tokens, 1) * 1e9,
     }
+
+
+def compare_lookup_costs(
+    prompts: Sequence[Sequence[int]],
+    block_size: int,
+    repeats: int = 7,
+    hash_fn: Callable[[Any], bytes] | None = None,
+) -> list[dict[str, Any]]:
+    """`time_lookups` for both kinds, `repeats` times each, alternating the kinds so that a
+    change in the machine's speed falls on both: one row per kind with the median, lowest and
+    highest microseconds per request over the repeats, and the trie's time over block
+    hashing's in each repeat (`trie_over_hash_min` / `_max`)."""
+    runs: dict[str, list[dict[str, Any]]] = {"radix": [], "blockhash": []}
+    for _ in range(repeats):
+        for kind in runs:
+            runs[kind].append(time_lookups(prompts, block_size, kind, hash_fn))
+    ratios = [
+        radix["us_per_request"] / block["us_per_request"]
+        for radix, block in zip(runs["radix"], runs["blockhash"], strict=True)
+    ]
+    rows = []
+    for timed in runs.values():
+        us = sorted(t["us_per_request"] for t in timed)
+        rows.append(
+            {
+                **{k: timed[0][k] for k in ("kind", "method", "requests", "matched_tokens")},
+                "repeats": repeats,
+                "us_per_request_median": us[len(us) // 2],
+                "us_per_request_min": us[0],
+                "us_per_request_max": us[-1],
+                "trie_over_hash_min": min(ratios),
+                "trie_over_hash_max": max(ratios),
+            }
+        )
+    return rows
+
+
+def lookup_cost_reading(rows: Sequence[dict[str, Any]]) -> str:
+    """What one run of `compare_lookup_costs` says, and what it cannot: which lookup was faster
+    in this run's repeats, and that a run's direction does not settle the question (it has
+    changed from one committed run to another on the same code and prompts: the timing is of
+    pure-Python stand-ins, sensitive to the machine and the interpreter)."""
+    by_kind = {row["kind"]: row for row in rows}
+    radix, block = by_kind["radix"], by_kind["blockhash"]
+    low, high = radix["trie_over_hash_min"], radix["trie_over_hash_max"]
+    if high < 1:
+        here = "the trie was faster in every repeat of this run"
+    elif low > 1:
+        here = "the trie was slower in every repeat of this run"
+    else:
+        here = "the repeats of this run disagree on which is faster"
+    return (
+        f"Measured in this run: token trie {radix['us_per_request_median']:.1f} us per request, "
+        f"{block['method']} block hashing {block['us_per_request_median']:.1f} us (medians of "
+        f"{radix['repeats']} repeats; trie / hashing {low:.2f}-{high:.2f} across them): {here}. "
+        "Which lookup is faster has changed between committed runs of this notebook on the same "
+        "code and prompts, so this timing leaves seed 004's cost claim (a trie costs more) "
+        "unresolved: it shows what each lookup costs here, not which one is larger."
+    )

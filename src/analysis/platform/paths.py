@@ -44,3 +44,15 @@ def figures_dir() -> Path:
 
 def reports_dir() -> Path:
     return repo_root() / "reports"
+
+
+def from_root(path: Path | str) -> str:
+    """`path` relative to the repository root where it lies under it (as written, or once
+    links are resolved), else as it is: what a committed output prints instead of a path that
+    names one machine's checkout."""
+    path = Path(path)
+    root = repo_root()
+    for candidate, base in ((path.absolute(), root.absolute()), (path.resolve(), root.resolve())):
+        if candidate.is_relative_to(base):
+            return candidate.relative_to(base).as_posix()
+    return str(path)

@@ -198,11 +198,16 @@ def _draw_engine(ax, rows: pd.DataFrame, top: float) -> None:
                 clip_on=False,
                 label="all-prefill rate off the scale (value written)",
             )
-            for x, value in zip(above["num_blocks"], above["all_prefill_rate"], strict=True):
+            above = above.sort_values("num_blocks")
+            for k, (x, value) in enumerate(
+                zip(above["num_blocks"], above["all_prefill_rate"], strict=True)
+            ):
+                # neighbouring points on the log axis: stagger their values downwards so that
+                # they do not print over one another
                 ax.annotate(
                     f"{value:.0%}",
                     (x, top * 0.97),
-                    xytext=(7, -4),
+                    xytext=(7, -4 - 11 * (k % 3)),
                     textcoords="offset points",
                     color=RATE_COLORS["all-prefill"],
                     fontsize="small",

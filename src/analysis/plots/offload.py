@@ -14,7 +14,9 @@ GPU_COLOR, CPU_COLOR = "#4C72B0", "#DD8452"
 
 def hit_rate_by_tier_figure(table: pd.DataFrame) -> Figure:
     """Stacked bars (GPU hits, CPU hits) per CPU multiple, with the two-level bounds (LRU: total
-    and GPU tier; Belady's MIN on the GPU over LRU: total) as lines at the same sizes."""
+    and GPU tier; Belady's MIN on the GPU over LRU: total) as lines at the same sizes; where the
+    table holds it (`attrs["replies_stored"]`), a last hatched bar for the largest CPU run again
+    with reply blocks stored too, beside its LRU bound."""
     rows = table.sort_values("multiple")
     x = np.arange(len(rows))
     fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -39,14 +41,28 @@ def hit_rate_by_tier_figure(table: pd.DataFrame) -> Figure:
             marker="^",
             label="bound: both tiers, Belady's MIN on the GPU",
         )
+    labels = [
+        f"{int(m)}x\n{int(c):,}" for m, c in zip(rows["multiple"], rows["cpu_blocks"], strict=True)
+    ]
+    replies = table.attrs.get("replies_stored")
+    if replies:  # the largest CPU again with reply blocks stored too (vLLM's default: prompts)
+        top = rows[rows["multiple"] == replies["multiple"]].iloc[0]
+        at = len(rows)
+        ax.bar(at, replies["gpu_hit_rate"], color=GPU_COLOR, hatch="//", edgecolor="white")
+        ax.bar(
+            at,
+            replies["cpu_hit_rate"],
+            bottom=replies["gpu_hit_rate"],
+            color=CPU_COLOR,
+            hatch="//",
+            edgecolor="white",
+            label="replay, replies stored too (hatched)",
+        )
+        ax.plot([at], [top["bound_total"]], "k", marker="o", ls="none")
+        labels.append(f"{int(top['multiple'])}x\n{int(top['cpu_blocks']):,}\nreplies too")
+        x = np.arange(len(labels))
     gpu = table.attrs.get("gpu_blocks")
-    ax.set_xticks(
-        x,
-        [
-            f"{int(m)}x\n{int(c):,}"
-            for m, c in zip(rows["multiple"], rows["cpu_blocks"], strict=True)
-        ],
-    )
+    ax.set_xticks(x, labels)
     ax.set_xlabel(
         f"CPU memory: multiple of the GPU's {gpu:,} blocks / CPU blocks" if gpu else "CPU blocks"
     )

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from analysis.platform.errors import NotebookError, ResultError
-from analysis.platform.paths import figures_dir, repo_root, reports_dir
+from analysis.platform.paths import figures_dir, from_root, repo_root, reports_dir
 from analysis.report.kernels import kernel_log_path, papermill_kernel_arguments
 
 if TYPE_CHECKING:
@@ -129,13 +129,6 @@ def record_paths(executed: Path, notebook: Path, output: Path) -> None:
     recorded["input_path"] = from_root(notebook)
     recorded["output_path"] = from_root(output)
     nbformat.write(executed_nb, executed)
-
-
-def from_root(path: Path) -> str:
-    """`path` relative to the repository root where it lies under it, else as it is."""
-    path = Path(path).resolve()
-    root = repo_root().resolve()
-    return path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
 
 
 def failed_copy(output: Path) -> Path:

@@ -8,6 +8,7 @@ intervals) say so by their wording. Every line names the notebook and cell it re
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from analysis.report.notebook_outputs import (
     statistic,
     statistic_label,
 )
+from analysis.serving.intervals import overhead_verdict
+from analysis.serving.stats import REPEATS_FOR_95, range_coverage
 
 STUDY = "figures/cpu-study"
 # The p95 TTFT target of the "throughput at a latency target" line (seconds): a reading choice.
@@ -42,14 +45,15 @@ def pct(printed: str) -> str:
 
 
 def cite(*sources: Source) -> str:
-    """`path` cells i, j; ...: the cells read, grouped by notebook, in first-seen order."""
+    """`path` cells i, j; ...: the cells read, grouped by notebook (notebooks in first-seen
+    order, cells in ascending order)."""
     cells: dict[str, list[int]] = {}
     for source in sources:
         found = cells.setdefault(source.path, [])
         if source.cell not in found:
             found.append(source.cell)
     return "; ".join(
-        f"`{path}` cell{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))}"
+        f"`{path}` cell{'s' if len(ids) > 1 else ''} {', '.join(map(str, sorted(ids)))}"
         for path, ids in cells.items()
     )
 
@@ -72,6 +76,46 @@ def _numbers(values: Sequence[int | str]) -> str:
 
 def _clients(count: int) -> str:
     return f"{count} client{'s' if count != 1 else ''}"
+
+
+# How the serving notebooks flag a cell measured while the machine's speed changed
+# (`analysis.serving.bench_run.speed_note`).
+SPEED_FLAG = re.compile(r"machine speed changed during the cell: prefill ([\d,]+ -> [\d,]+ tok/s)")
+
+
+def honest_label(label: str, repeats: int) -> str:
+    """A printed statistic's label with what its interval is: a notebook executed before the
+    tables named their intervals by coverage called a bootstrap over 3 repeats a "95 %
+    interval"; that label is quoted with the coverage it has (`serving.stats.interval_note`)."""
+    if "95 % interval" not in label or repeats >= REPEATS_FOR_95:
+        return label
+    return (
+        f"{label}, as printed; with {repeats} repeats that bootstrap interval spans about their "
+        f"range, which holds the median with probability {range_coverage(repeats):.0%} only"
+    )
+
+
+def speed_flags(*rows: Row) -> list[str]:
+    """The speed changes the notes of these printed rows flag (`prefill 794 -> 518 tok/s`),
+    each once, in order."""
+    found: list[str] = []
+    for row in rows:
+        for match in SPEED_FLAG.finditer(row.get("notes", "")):
+            if match.group(1) not in found:
+                found.append(match.group(1))
+    return found
+
+
+def flagged(*rows: Row) -> str:
+    """`; flagged: machine speed changed during the cell (prefill 794 -> 518 tok/s), not a
+    finding until re-run on a quiet machine`, or "" when no row is flagged."""
+    flags = speed_flags(*rows)
+    if not flags:
+        return ""
+    return (
+        f"; flagged: machine speed changed during the cell (prefill {', '.join(flags)}), not "
+        "a finding until re-run on a quiet machine"
+    )
 
 
 # -- hit rates (notebooks 05 and 06) ------------------------------------------------------------
@@ -229,14 +273,17 @@ def _what_ran(folder: str, root: Path) -> list[str]:
     conv, conv_at = _conversation_table(conv_nb)
     conv_repeats, repeats_at = conv_nb.match(r"(\d+) repeats")
     if all("n_ok" in r for r in conv):
-        measured = f"{_numbers(_ints(conv, 'n_ok'))} measured requests per mode"
+        measured, measured_at = (
+            f"{_numbers(_ints(conv, 'n_ok'))} measured requests per mode",
+            conv_at,
+        )
     else:
-        chose, _ = conv_nb.match(r"chose (\d+) measured (\w+) per repeat")
+        chose, measured_at = conv_nb.match(r"chose (\d+) measured (\w+) per repeat")
         measured = f"{chose.group(1)} measured {chose.group(2)} per repeat"
     bullets.append(
         f"- `{folder}/10`: real ShareGPT conversations, {_numbers(_ints(conv, 'concurrency'))} "
         f"closed-loop clients, {conv_repeats.group(1)} repeats, {measured} "
-        f"({cite(repeats_at, conv_at)})."
+        f"({cite(repeats_at, measured_at)})."
     )
     engine_nb = Outputs(root, f"{folder}/11-seed-004-engine-comparisons.ipynb")
     batch, batch_at = engine_nb.match(r"(\d+) prompts of (\d+) tokens per batch")
@@ -262,7 +309,16 @@ def report_overhead(root: Path) -> str:
     zero, verdict, at = _zero_share(outputs)
     return (
         f"`make report`'s run of notebook 11: requests/s on / off at 0 % shared "
-        f"{zero.text('')}, {verdict} ({cite(at)})."
+        f"{zero.text('')} ({_batches_interval(outputs)}), {verdict} ({cite(*at)})."
+    )
+
+
+def _batches_interval(outputs: Outputs) -> str:
+    """What notebook 11's on/off interval is: a bootstrap over a few timed batches per mode."""
+    batches, _ = outputs.match(r"timed batches per point.*?: (\d+)")
+    return (
+        f"a bootstrap interval over {batches.group(1)} timed batches per mode, about their "
+        "range, not a 95 % interval"
     )
 
 
@@ -274,16 +330,28 @@ def study_table(root: Path) -> str:
         "| TPOT on / off | requests/s on / off |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
+    notes = []
     for clients in syn.clients:
         on = {n: syn.stat("cache", prefix, clients, n) for n in READABLE}
         off = {n: syn.stat("no_cache", prefix, clients, n) for n in READABLE}
+        flags = speed_flags(syn.row("cache", prefix, clients), syn.row("no_cache", prefix, clients))
+        label = _clients(clients) + (" (flagged)" if flags else "")
+        if flags:
+            notes.append(f"{_clients(clients)}: prefill {', '.join(flags)}")
         lines.append(
-            f"| {_clients(clients)} | {on['mean_ttft'].text()} | {off['mean_ttft'].text()} | "
+            f"| {label} | {on['mean_ttft'].text()} | {off['mean_ttft'].text()} | "
             f"{on['p95_ttft'].value} / {off['p95_ttft'].value} s | "
             f"{on['mean_tpot'].value} / {off['mean_tpot'].value} s | "
             f"{on['req_s'].value} / {off['req_s'].value} |"
         )
-    lines += ["", f"Each value as the notebook prints it ({syn.label}). Source: {cite(syn.at)}."]
+    label = honest_label(syn.label, syn.repeats)
+    lines += ["", f"Each value as the notebook prints it ({label}). Source: {cite(syn.at)}."]
+    if notes:
+        lines[-1] += (
+            " Flagged: the machine's speed changed while the row's cells ran ("
+            + "; ".join(notes)
+            + "); the notebook says to re-run them on a quiet machine, so they are no finding."
+        )
     return "\n".join(lines)
 
 
@@ -296,9 +364,10 @@ def study_findings(root: Path) -> str:
     for clients in sorted({1, top}):
         on = syn.stat("cache", shortest, clients, "mean_ttft")
         off = syn.stat("no_cache", shortest, clients, "mean_ttft")
+        rows = (syn.row("cache", shortest, clients), syn.row("no_cache", shortest, clients))
         bullets.append(
             f"- {shortest}-token prefix, {_clients(clients)}: mean TTFT {on.text()} on vs "
-            f"{off.text()} off ({(off.number - on.number) * 1000:.0f} ms less)."
+            f"{off.text()} off ({(off.number - on.number) * 1000:.0f} ms less{flagged(*rows)})."
         )
     target = []
     for mode, word in (("cache", "on"), ("no_cache", "off")):
@@ -309,7 +378,8 @@ def study_findings(root: Path) -> str:
         ]
         if fits:
             best, clients = max(fits, key=lambda pair: pair[0].number)
-            target.append(f"caching {word} {best.value} requests/s ({_clients(clients)})")
+            flag = flagged(syn.row(mode, longest, clients))
+            target.append(f"caching {word} {best.value} requests/s ({_clients(clients)}{flag})")
         else:
             target.append(f"caching {word}: no cell")
     bullets.append(
@@ -325,10 +395,11 @@ def study_findings(root: Path) -> str:
         + f" clients ({cite(tpot_at)})."
     )
     on0, off0 = syn.stat("cache", 0, top, "mean_ttft"), syn.stat("no_cache", 0, top, "mean_ttft")
+    rows0 = (syn.row("cache", 0, top), syn.row("no_cache", 0, top))
     bullets.append(
         f"- No shared prefix, {_clients(top)} (both do the same work): mean TTFT {on0.text()} "
         f"on vs {off0.text()} off; the intervals "
-        f"{'overlap' if on0.overlaps(off0) else 'do not overlap'}."
+        f"{'overlap' if on0.overlaps(off0) else 'do not overlap'}{flagged(*rows0)}."
     )
     bullets += _anti_patterns(synthetic_nb, syn, longest)
     bullets += _conversations(root)
@@ -352,7 +423,8 @@ def _anti_patterns(outputs: Outputs, syn: Synthetic, longest: int) -> list[str]:
         f"{cite(hits_at, ttft_at)}), against caching off with one shared prefix, {off.text()}:"
     ]
     for row in hits:
-        timing = statistic(_one(ttft, ttft_at, pattern=row["pattern"]), "mean_ttft")
+        printed = _one(ttft, ttft_at, pattern=row["pattern"])
+        timing = statistic(printed, "mean_ttft")
         hit_tokens, queried = float(row["prefix_cache_hits"]), float(row["prefix_cache_queries"])
         line = (
             f"  - {row['pattern']}: hit rate {pct(row['hit_rate'])} ({hit_tokens:,.0f} of "
@@ -361,7 +433,7 @@ def _anti_patterns(outputs: Outputs, syn: Synthetic, longest: int) -> list[str]:
         if row["pattern"].startswith("thrash"):
             side = "overlap" if timing.overlaps(off) else "do not overlap"
             line += f"; its interval and caching off's {side}"
-        bullets.append(line + ".")
+        bullets.append(line + flagged(printed) + ".")
     return bullets
 
 
@@ -381,6 +453,7 @@ def _conversations(root: Path) -> list[str]:
         r"hit rate with caching on \(server counters\): ([\d.]+); ([^:\n]+): ([\d.]+)"
     )
     on, off = _one(rows, at, mode="cache"), _one(rows, at, mode="no_cache")
+    repeats = int(outputs.match(r"(\d+) repeats")[0].group(1))
     ttft_on, ttft_off = statistic(on, "mean_ttft"), statistic(off, "mean_ttft")
     req_on, req_off = statistic(on, "req_s"), statistic(off, "req_s")
     per_repeat = ""
@@ -396,7 +469,8 @@ def _conversations(root: Path) -> list[str]:
     return [
         f"- Real multi-turn conversations, {_clients(int(on['concurrency']))}: server hit rate "
         f"{pct(hit.group(1))} ({hit.group(2)}: {pct(hit.group(3))}; {cite(hit_at)}); mean TTFT "
-        f"{ttft_on.text()} on vs {ttft_off.text()} off ({statistic_label(on, 'mean_ttft')}); "
+        f"{ttft_on.text()} on vs {ttft_off.text()} off "
+        f"({honest_label(statistic_label(on, 'mean_ttft'), repeats)}); "
         f"requests/s {req_on.text('')} vs {req_off.text('')}{per_repeat} ({cite(at)}).",
         f"- A line fitted per request on the caching-off requests (fixed cost "
         f"{fit['fixed_cost_s']} s) predicts {fit['predicted_ttft_s']} s with caching on, "
@@ -409,11 +483,16 @@ def _conversations(root: Path) -> list[str]:
     ]
 
 
-def _zero_share(outputs: Outputs) -> tuple[Stat, str, Source]:
-    """Requests/s on / off at 0 % shared ("1.025 [1.017-1.034]") and the verdict notebook 11
-    printed beside it (`analysis.serving.intervals.overhead_verdict`)."""
+def _zero_share(outputs: Outputs) -> tuple[Stat, str, list[Source]]:
+    """Requests/s on / off at 0 % shared ("1.025 [1.017-1.034]") as notebook 11 printed it, and
+    its verdict by today's rule (`analysis.serving.intervals.overhead_verdict`) from the printed
+    ratio and the printed caching-off rates of the sweep (the drift between runs), so that a
+    notebook executed under an older rule is not quoted with that rule's verdict."""
     found, at = outputs.match(r"on / off at 0 % shared: ([\d.]+) \[([\d.]+)-([\d.]+)\]: (.+)$")
-    return Stat(found.group(1), found.group(2), found.group(3)), found.group(4).strip(), at
+    zero = Stat(found.group(1), found.group(2), found.group(3))
+    sweep, sweep_at = outputs.table("fraction", "cache", "no_cache")
+    verdict = overhead_verdict(zero.interval, [float(r["no_cache"]) for r in sweep])
+    return zero, verdict, [at, sweep_at]
 
 
 def _seed_004(root: Path) -> list[str]:
@@ -423,8 +502,8 @@ def _seed_004(root: Path) -> list[str]:
     full = max(sweep, key=lambda r: float(r["fraction"]))
     return [
         f"- Seed 004's sweep ({len(sweep)} shared fractions, offline engine): requests/s on / "
-        f"off at 0 % shared {zero.text('')}, {verdict} "
-        f"({cite(zero_at)}); at {float(full['fraction']) * 100:g} % shared {full['cache']} vs "
+        f"off at 0 % shared {zero.text('')} ({_batches_interval(outputs)}), {verdict} "
+        f"({cite(*zero_at)}); at {float(full['fraction']) * 100:g} % shared {full['cache']} vs "
         f"{full['no_cache']} requests/s, {full['speedup']}x, realized hit rate "
         f"{pct(full['cache_hit_rate'])} ({cite(sweep_at)}).",
     ]

@@ -12,11 +12,12 @@ neither vllm nor torch. Its modules:
 - `tables`: the summary table, its readable form, and caching on against off side by side.
 - `prefix_sweep`: seed 004's sweep on the in-process engine, and its tables.
 - `loadgen`: workloads (token ids) and the async streaming client that sends them.
-- `intervals`: a value with its 95 % interval, and `compare`, the one rule for "differs".
+- `intervals`: a value with its interval, and `compare`, the one rule for "differs".
 - `stats`: statistics per repeat, then across repeats (median, two-level bootstrap), the
   odd repeat, requests in flight; and the tests of the hit-rate model.
 - `study`: the serving study of notebooks 08, 10, 11 and 12 (configs, sizing, runs).
 - `writeup`: seed 003's decision write-up and claim table from the measured results.
+- `checks`: the checks tables of notebooks 08, 10, 11 and 12 (claims independent of speed).
 - `gpu_check`: `gpu-check`, the real CUDA engine against `replay`, and the GPU timing.
 
 This file only re-exports the names callers use as `serving.X`.

@@ -76,32 +76,38 @@ def ratio_verdict(ratio: Interval, *, above: str, below: str) -> str:
 
 
 def drift_band(same_work_rates: Sequence[float]) -> tuple[float, float]:
-    """How far runs doing the same work drift apart: their lowest and highest rate as ratios
-    to their median."""
+    """How far runs doing the same work drift apart: the interquartile range of their rates
+    as ratios to their median (a quarter of the runs may lie outside it on each side, so one
+    odd run cannot widen it). (nan, nan) with fewer than 4 rates, too few for quartiles."""
     rates = sorted(float(r) for r in same_work_rates if math.isfinite(float(r)))
-    if not rates:
+    if len(rates) < 4:
         return math.nan, math.nan
-    middle = statistics.median(rates)
-    return rates[0] / middle, rates[-1] / middle
+    q1, middle, q3 = statistics.quantiles(rates, n=4, method="inclusive")
+    return q1 / middle, q3 / middle
 
 
 def overhead_verdict(ratio: Interval, same_work_rates: Sequence[float]) -> str:
     """Requests/s on / off at a 0 % hit rate, read with its sign and against the drift between
     runs. The interval resamples the batches of one run per mode, so it misses how far two runs
-    of one setting drift apart; caching off does the same work at every shared fraction, and its
-    spread across them (`same_work_rates`) measures that drift. A ratio inside it is no
-    overhead and no gain."""
+    of one setting drift apart; caching off does the same work at every shared fraction, and the
+    interquartile band of its rates (`drift_band`) measures that drift. A ratio beyond noise but
+    inside that band is unresolved: the run cannot tell an overhead (or a gain) from drift. Only
+    an interval that holds 1 says that no difference shows."""
     reading = ratio_verdict(
         ratio,
-        above="caching on faster: no overhead shows (an overhead would put the ratio below 1)",
+        above="caching on faster beyond noise: no overhead shows (an overhead would put the "
+        "ratio below 1)",
         below="caching on slower: an overhead beyond noise",
     )
     if reading.startswith("no "):
         return "the interval includes 1: " + reading
     low, high = drift_band(same_work_rates)
     if math.isfinite(ratio.value) and low <= ratio.value <= high:
+        direction = "slower" if ratio.value < 1 else "faster"
         return (
-            f"within the drift between runs: caching off alone, the same work at every shared "
-            f"fraction, ran at {low:.2f}-{high:.2f}x its median, so no overhead shows"
+            f"unresolved: caching on ran {direction} beyond the batches' noise, but caching off "
+            f"alone, the same work at every shared fraction, drifted as much (the middle half "
+            f"of its runs at {low:.2f}-{high:.2f}x their median); re-run to tell an overhead "
+            "from drift"
         )
     return reading

@@ -335,3 +335,35 @@ def long_prefill_table(sweep: pd.DataFrame) -> pd.DataFrame:
     table = rows.pivot_table(index="row", columns="output_len", values="req_s", aggfunc="first")
     table.columns.name = "output_len"
     return table
+
+
+# Seed 004's long-prefill claim reads as reproduced when requests/s x output length in the
+# cached round varies by less than this factor over the output lengths (flat: ~ 1/output_len).
+LONG_PREFILL_FLAT = 2.0
+
+
+def long_prefill_verdict(table: pd.DataFrame) -> str:
+    """Seed 004's "once cached, throughput ~ 1/output_len", read from the cached round:
+    "reproduced" when requests/s x output length stays within `LONG_PREFILL_FLAT`, else "only
+    roughly"; "" when the table has no cached round."""
+    if table.empty or "cache-round2" not in table.index:
+        return ""
+    cached = table.loc["cache-round2"]
+    products = cached * cached.index
+    return "reproduced" if products.max() / products.min() < LONG_PREFILL_FLAT else "only roughly"
+
+
+def long_prefill_reading(table: pd.DataFrame) -> str:
+    """The long-prefill table in one sentence, from the run: requests/s x output length in
+    the cached round (flat if throughput ~ 1/output length) and the verdict."""
+    verdict = long_prefill_verdict(table)
+    if not verdict:
+        return "No cached round ran, so the long-prefill claim is not read."
+    cached = table.loc["cache-round2"]
+    products = cached * cached.index
+    shown = ", ".join(f"{v:.2f} at {k:g}" for k, v in products.items())
+    return (
+        f"Requests/s x output length in the cached round: {shown} output tokens "
+        f"({products.max() / products.min():.1f}x from lowest to highest); throughput ~ "
+        f"1/output length: {verdict}."
+    )

@@ -2,12 +2,18 @@
 end-to-end latency; requests/s) is computed on every repeat of a cell, and the cell reports the
 median of the repeats' values with a 95 % interval from a two-level bootstrap (resample the
 repeats, then the requests within each), so a repeat unlike the others widens the interval
-instead of vanishing into a pooled mean. A repeat whose own interval does not overlap the
-others' is named in the cell (`outlier_repeats`), not averaged away.
+instead of vanishing into a pooled mean. A repeat far from the others (its own interval apart
+from theirs, and its value at least `ODD_REPEAT_SHARE` away from the median) is named in the
+cell (`outlier_repeats`), not averaged away.
+
+The interval is computed at the 95 % level, but with few repeats it cannot have that coverage:
+resampling 3 repeats, it spans about their range, and the range of n repeats holds the median
+of a repeat's value with probability 1 - 2 * 0.5**n (75 % for 3). So it is named for what it is
+(`interval_label`, `interval_note`), a "95 % interval" only from `REPEATS_FOR_95` repeats on.
 
 Column names say which statistic they hold:
 - `mean_ttft_s`, `p95_ttft_s`, ...: the median over repeats of each repeat's mean (p95);
-- `..._lo_s` / `..._hi_s`: its two-level bootstrap 95 % interval;
+- `..._lo_s` / `..._hi_s`: its two-level bootstrap interval (see above for its coverage);
 - `..._pooled_s`: the statistic over all repeats' requests pooled;
 - `..._repeats`: one value per repeat, in repeat order.
 
@@ -32,6 +38,42 @@ METRICS = ("ttft", "tpot", "e2e")
 # A cell with fewer measured requests per repeat than this many times its clients never
 # reaches a steady state: it is one burst (the first wave is all there is).
 STEADY_STATE_WAVES = 3
+# A repeat counts as standing apart only this far (relative) from the median of the repeats:
+# within-repeat intervals are narrow, so non-overlap alone flags repeats a few per cent apart.
+ODD_REPEAT_SHARE = 0.25
+# From this many repeats the range of the repeats holds their median with at least 95 %
+# probability (1 - 2 * 0.5**6 = 96.9 %); below it the interval is not called a 95 % one.
+REPEATS_FOR_95 = 6
+
+
+def range_coverage(repeats: int) -> float:
+    """The probability that the range of `repeats` independent repeats holds the median of a
+    repeat's value: 1 - 2 * 0.5**n (0 for fewer than 2)."""
+    return 1.0 - 2.0 * 0.5**repeats if repeats >= 2 else 0.0
+
+
+def interval_label(repeats: int) -> str:
+    """How a table names the across-repeat interval: `95 % interval` only where the repeats
+    are enough for that coverage, else what it is, `bootstrap interval ~ range of 3 repeats`."""
+    if repeats >= REPEATS_FOR_95:
+        return "95 % interval"
+    return f"bootstrap interval ~ range of {repeats} repeats"
+
+
+def interval_note(repeats: int) -> str:
+    """One sentence that says what the brackets of a serving table are, with their coverage."""
+    what = (
+        "The brackets are a two-level bootstrap interval of the median of repeats (resample "
+        "the repeats, then the requests within each)"
+    )
+    if repeats >= REPEATS_FOR_95:
+        return f"{what}, a 95 % interval."
+    return (
+        f"{what}. With {repeats} repeats it spans about their range, which holds the median of "
+        f"a repeat's value with probability {range_coverage(repeats):.0%} only (1 - 2 x "
+        f"0.5^{repeats}): it is not a 95 % interval, and two cells whose brackets do not "
+        "overlap differ less surely than that name would say."
+    )
 
 
 def _p95(values: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -105,17 +147,26 @@ def across_repeats(
     return Interval(value, low, high)
 
 
-def outlier_repeats(groups: Sequence[np.ndarray], statistic: str = "mean") -> list[int]:
+def outlier_repeats(
+    groups: Sequence[np.ndarray], statistic: str = "mean", *, share: float = ODD_REPEAT_SHARE
+) -> list[int]:
     """Positions of the repeats that stand apart: a repeat whose own 95 % interval does not
     overlap those of more than half of the other repeats (of both others, with 3), by
-    `compare`. None with fewer than 3 repeats, where either of two could be the odd one."""
+    `compare`, and whose value is at least `share` (relative) away from the median of all
+    the repeats' values (the cell's value); repeats a few per cent apart are not flagged,
+    however narrow their intervals. None with fewer than 3 repeats, where either of two could
+    be the odd one."""
     if len(groups) < 3:
         return []
+    groups = [_finite(g) for g in groups]
     own = [Interval(math.nan, *bootstrap_interval([g], statistic)) for g in groups]
+    values = [float(STATISTICS[statistic](g)) if g.size else math.nan for g in groups]
     odd = []
+    middle = float(np.nanmedian(values))
     for i, interval in enumerate(own):
         apart = sum(compare(interval, other) != "not distinguishable" for other in own)
-        if apart > (len(groups) - 1) / 2:
+        far = math.isfinite(values[i]) and middle > 0 and abs(values[i] / middle - 1) >= share
+        if apart > (len(groups) - 1) / 2 and far:
             odd.append(i)
     return odd
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pandas as pd
 
 from analysis.serving.intervals import Interval
+from analysis.serving.stats import interval_label
 
 SUMMARY_COLUMNS = (
     "mode",
@@ -96,7 +97,8 @@ def readable_table(
     digits: int = 3,
 ) -> pd.DataFrame:
     """The cells as a reader should see them: each statistic as the median of the repeats
-    with its two-level bootstrap 95 % interval in brackets, the column named so; the mean
+    with its two-level bootstrap interval in brackets, the column named for what that interval
+    is (`stats.interval_label`: a 95 % interval only with enough repeats); the mean
     TTFT of every repeat (an odd repeat is visible, and flagged in the notes); the clients
     configured next to the requests measured in flight."""
     repeats = int(table["repeats"].max()) if len(table) else 0
@@ -104,7 +106,9 @@ def readable_table(
     if "concurrency" in keys and "inflight_peak" in table:
         out["peak in flight"] = table["inflight_peak"].astype(int)
     for stat in statistics:
-        name = f"{READABLE_STATISTICS[stat]}, median of {repeats} repeats [95 % interval]"
+        name = (
+            f"{READABLE_STATISTICS[stat]}, median of {repeats} repeats [{interval_label(repeats)}]"
+        )
         out[name] = [_with_interval(row, stat, digits) for _, row in table.iterrows()]
     if "mean_ttft_repeats" in table:
         out["mean TTFT per repeat (s)"] = [

@@ -1,6 +1,8 @@
 """Seed 003's decision write-up and the per-claim table of seeds 003/004, generated from the
 measured serving results (notebook 12), so that every number in the prose is one the runs
-produced, quoted with its 95 % interval (median of repeats, two-level bootstrap).
+produced, quoted with its interval (median of repeats, two-level bootstrap; what that interval
+covers with few repeats is `stats.interval_note`). A cell measured while the machine's speed
+changed is never quoted as a finding without its flag (`flag`).
 
 Whether two values differ is decided by `intervals.compare` alone (intervals that do not
 overlap), for the sentences and the claim rows alike. Nothing here imports vllm or torch.
@@ -23,6 +25,7 @@ from analysis.serving.intervals import (
     compare,
     verdict_text,
 )
+from analysis.serving.prefix_sweep import long_prefill_verdict
 from analysis.serving.study import THRASH, StudyParams
 
 __all__ = [
@@ -185,6 +188,26 @@ def _caveats(facts: Facts, prefix: Any, concurrency: int) -> str:
     return f"; {'; '.join(notes)}" if notes else ""
 
 
+def flagged_modes(facts: Facts, prefix: Any, concurrency: int) -> list[str]:
+    """The modes ("on", "off") of a cell measured while the machine's speed changed."""
+    return [
+        "on" if mode == "cache" else "off"
+        for mode in ("cache", "no_cache")
+        if (mode, prefix, concurrency) in facts.speed_notes
+    ]
+
+
+def flag(facts: Facts, prefix: Any, concurrency: int) -> str:
+    """` (flagged: ...)` for a cell whose machine speed changed while it ran, else ""."""
+    modes = flagged_modes(facts, prefix, concurrency)
+    if not modes:
+        return ""
+    return (
+        f" (flagged: the machine's speed changed while caching {' and '.join(modes)} ran; "
+        "re-run it on a quiet machine before quoting it)"
+    )
+
+
 def _saving(on: Interval, off: Interval) -> str:
     if not (math.isfinite(on.value) and math.isfinite(off.value)) or off.value <= 0:
         return "n/a"
@@ -273,8 +296,24 @@ def _rule_line(facts: Facts) -> str:
         f"({', '.join(map(str, s.concurrency))} clients) was {clear} tokens; nothing between "
         f"{below} and {clear} was measured, so the threshold is somewhere at or below {clear}. "
         f"Seed 003's rule of thumb (about {SEED_RULE_PREFIX} shared tokens and "
-        f"{SEED_RULE_CONCURRENCY} concurrent requests) is {seed}. The gain grows with the "
-        "prefix and with concurrency."
+        f"{SEED_RULE_CONCURRENCY} concurrent requests) is {seed}.{_rule_flags(facts, clear)}"
+    )
+
+
+def _rule_flags(facts: Facts, clear: int) -> str:
+    """The rule rests on the cells of the prefixes up to `clear` at every concurrency: name
+    the ones measured while the machine's speed changed."""
+    flagged = [
+        f"{prefix} tokens, {c} client{'s' if c != 1 else ''}"
+        for prefix in sorted(p for p in facts.study.prefixes if 0 < p <= clear)
+        for c in facts.study.concurrency
+        if flagged_modes(facts, prefix, c)
+    ]
+    if not flagged:
+        return ""
+    return (
+        f" It rests on cells flagged for a machine-speed change ({'; '.join(flagged)}): re-run "
+        "them on a quiet machine before relying on it."
     )
 
 
@@ -357,14 +396,13 @@ def overhead_verdict(facts: Facts) -> str:
     return intervals.overhead_verdict(Interval(*facts.overhead_at_zero), same_work)
 
 
-def decision_markdown(facts: Facts) -> str:
-    """Seed 003's section 9, from the measurements."""
+def cell_lines(facts: Facts) -> list[str]:
+    """One line per shared prefix and the fewest and most clients: mean TTFT on vs off, the
+    saving, the verdict, and the cell's caveats (an odd repeat; a machine-speed change)."""
     s = facts.study
-    longest = max(s.prefixes)
-    low_c, high_c = min(s.concurrency), max(s.concurrency)
-    lines = ["### When to enable prefix caching", ""]
+    lines = []
     for prefix in sorted(p for p in s.prefixes if p > 0):
-        for c in (low_c, high_c):
+        for c in sorted({min(s.concurrency), max(s.concurrency)}):
             on, off = on_off(facts.ttft, prefix, c)
             if on is None or off is None:
                 continue
@@ -373,11 +411,21 @@ def decision_markdown(facts: Facts) -> str:
                 f"mean TTFT {on.text()} on vs {off.text()} off (saving {_saving(on, off)}; "
                 f"{verdict_text(on, off)}){_caveats(facts, prefix, c)}."
             )
+    return lines
+
+
+def decision_markdown(facts: Facts) -> str:
+    """Seed 003's section 9, from the measurements."""
+    s = facts.study
+    longest = max(s.prefixes)
+    low_c, high_c = min(s.concurrency), max(s.concurrency)
+    lines = ["### When to enable prefix caching", "", *cell_lines(facts)]
     on_r, off_r = on_off(facts.req_s, longest, high_c)
     if on_r and off_r:
         lines.append(
             f"- Throughput at {clients_text(facts, 'cache', longest, high_c)}, {longest}-token "
-            f"prefix: {on_r.text('req/s', 2)} on vs {off_r.text('req/s', 2)} off."
+            f"prefix: {on_r.text('req/s', 2)} on vs {off_r.text('req/s', 2)} off"
+            f"{flag(facts, longest, high_c)}."
         )
     on_t, off_t = on_off(facts.tpot, longest, low_c)
     on_th, off_th = on_off(facts.tpot, longest, high_c)
@@ -386,7 +434,8 @@ def decision_markdown(facts: Facts) -> str:
             f"- TPOT at {longest} tokens: {on_t.text()} on vs {off_t.text()} off with "
             f"{low_c} client(s) ({verdict_text(on_t, off_t)}); {on_th.text()} vs "
             f"{off_th.text()} with {high_c} ({verdict_text(on_th, off_th)}): under "
-            "concurrency the queued prefills of caching off delay everyone's decode steps."
+            "concurrency the queued prefills of caching off delay everyone's decode steps"
+            f"{flag(facts, longest, low_c) or flag(facts, longest, high_c)}."
         )
     if len(facts.sharegpt) == 2:
         lines.append(_sharegpt_line(facts))
@@ -429,16 +478,30 @@ def decision_markdown(facts: Facts) -> str:
     )
     lines.append(f"- {thrash} Small models on a fast GPU hide the saving behind fixed costs.")
     lines += ["", "### One sentence for a PM or SRE", ""]
-    on, off = on_off(facts.ttft, longest, high_c)
+    lines.append(pm_sentence(facts))
+    return "\n".join(lines)
+
+
+def pm_sentence(facts: Facts) -> str:
+    """The sentence for a PM or SRE. It quotes the longest prefix at the most clients, or at
+    the fewest where that cell was flagged for a machine-speed change; where both are flagged
+    it quotes the first with its flag, never as a plain finding."""
+    s = facts.study
+    longest = max(s.prefixes)
+    cells = [
+        c for c in (max(s.concurrency), min(s.concurrency)) if on_off(facts.ttft, longest, c)[0]
+    ]
+    clean = [c for c in cells if not flagged_modes(facts, longest, c)]
+    chosen = clean[0] if clean else (cells[0] if cells else max(s.concurrency))
+    on, off = on_off(facts.ttft, longest, chosen)
     saving = _saving(on, off) if on and off else "n/a"
-    lines.append(
+    return (
         f"Prefix caching lets the server compute a long shared prompt once and reuse it, which "
         f"cut first-token latency by {saving} here ({longest}-token prefix, "
-        f"{clients_text(facts, 'cache', longest, high_c)}) "
+        f"{clients_text(facts, 'cache', longest, chosen)}){flag(facts, longest, chosen)} "
         "at no extra memory; it pays off only where many requests share a long, stable prefix, "
         "and the server's prefix-cache hit counters show whether they do."
     )
-    return "\n".join(lines)
 
 
 def _smallest_clear_prefix(facts: Facts) -> int | None:
@@ -450,6 +513,22 @@ def _smallest_clear_prefix(facts: Facts) -> int | None:
         if all(on and off and on.below(off) for on, off in pairs):
             return prefix
     return None
+
+
+def short_prefix_verdict(on: Interval, off: Interval) -> str:
+    """Seed 003's anti-pattern is conditional: a short prefix saves little *when the suffix is
+    large or the generation long*. These runs use a short suffix and short generations, so the
+    condition never ran; what they show is the saving without it."""
+    measured = (
+        "no saving beyond noise"
+        if compare(on, off) == "not distinguishable"
+        else f"TTFT {verdict_text(on, off)} with caching on, "
+        f"{(off.value - on.value) * 1e3:.0f} ms per request"
+    )
+    return (
+        "not tested: the seed's condition (a large suffix or a long generation) was not run; "
+        f"with a short suffix and short generations, {measured}"
+    )
 
 
 def claims_table(facts: Facts) -> pd.DataFrame:
@@ -467,7 +546,7 @@ def claims_table(facts: Facts) -> pd.DataFrame:
         add(
             "003: TTFT drops on cache hits, more with a longer prefix",
             f"P={longest}, c={low_c}: {on.text()} vs {off.text()}",
-            "reproduced" if on.below(off) else "not shown",
+            ("reproduced" if on.below(off) else "not shown") + flag(facts, longest, low_c),
         )
     on_t, off_t = on_off(facts.tpot, longest, low_c)
     on_th, off_th = on_off(facts.tpot, longest, high_c)
@@ -488,13 +567,11 @@ def claims_table(facts: Facts) -> pd.DataFrame:
     on_s, off_s = on_off(facts.ttft, short, low_c)
     if on_s and off_s:
         add(
-            "003: prefixes <= 256 tokens: savings lost in noise",
-            f"P={short}, c={low_c}: {on_s.text()} vs {off_s.text()} "
-            f"(saving {_saving(on_s, off_s)})",
-            "reproduced"
-            if compare(on_s, off_s) == "not distinguishable"
-            else f"not reproduced: TTFT {verdict_text(on_s, off_s)} with caching on, "
-            f"{(off_s.value - on_s.value) * 1e3:.0f} ms per request",
+            "003: short prefix (<= 256 tokens) with a large suffix or long generation: "
+            "savings lost in noise",
+            f"P={short}, c={low_c}, suffix {s.suffix_tokens} tokens, {s.output_tokens} output "
+            f"tokens: {on_s.text()} vs {off_s.text()} (saving {_saving(on_s, off_s)})",
+            short_prefix_verdict(on_s, off_s) + flag(facts, short, low_c),
         )
     for d in facts.dilution:
         add(
@@ -561,8 +638,6 @@ def claims_table(facts: Facts) -> pd.DataFrame:
             + ", ".join(f"{k}: {v:.2f}" for k, v in products.items()),
             "timings disturbed by load: re-run"
             if sweep_disturbed(facts)
-            else "reproduced"
-            if products.max() / products.min() < 2
-            else "only roughly",
+            else long_prefill_verdict(facts.long_prefill),
         )
     return pd.DataFrame(rows)

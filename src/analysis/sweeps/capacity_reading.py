@@ -97,15 +97,19 @@ def plan_reading(
             text += f"; the engine never reaches it (best {_pct(grid['first_prefill'].max())})."
         else:
             blocks = int(first["engine_blocks"])
-            where = (
-                "already at vLLM's minimum, num_blocks = "
-                if blocks == int(fewest["num_blocks"])
-                else "at num_blocks = "
-            )
-            text += (
-                f"; the engine reaches it {where}{blocks:,} ({blocks - in_engine:+,} blocks "
-                "against LRU in engine order: what its running requests hold)"
-            )
+            if blocks == int(fewest["num_blocks"]):
+                # no smaller cache runs, so the gap to LRU is vLLM's floor, not a measured need
+                text += (
+                    f"; the engine reaches it already at vLLM's minimum, num_blocks = "
+                    f"{blocks:,}, the smallest cache vLLM starts with for this max_model_len: "
+                    "no smaller one was run, so how many blocks the engine needs below it is "
+                    "not measured"
+                )
+            else:
+                text += (
+                    f"; the engine reaches it at num_blocks = {blocks:,} ({blocks - in_engine:+,} "
+                    "blocks against LRU in engine order: what its running requests hold)"
+                )
             for row in rows.itertuples():
                 text += f"; for {row.model} with {row.kv_dtype} KV that is {row.engine_GiB:.2f} GiB"
             text += "."
@@ -115,6 +119,31 @@ def plan_reading(
         )
         parts.append(text)
     return "\n\n".join(parts)
+
+
+def target_check(
+    label: str, points: pd.DataFrame, search: Any, rate: float
+) -> tuple[str, Any, Any, bool]:
+    """The check of one reached target (`capacity_target.EngineSearch`): the answer reaches
+    the rate and the point below it does not; where no point below was run, the answer must be
+    the smallest cache run (vLLM's minimum), which nothing below can undercut. Returns
+    `Checks.add`'s arguments."""
+    measured = points.set_index("num_blocks")["first_prefill"]
+    if search.below is None:
+        fewest = int(points["num_blocks"].min())
+        return (
+            f"{label}: the engine's answer reaches the target and is vLLM's minimum "
+            "(no smaller cache runs)",
+            fewest,
+            int(search.num_blocks),
+            bool(search.rate >= rate) and int(search.num_blocks) == fewest,
+        )
+    return (
+        f"{label}: the engine's answer reaches the target, the point below it does not",
+        True,
+        bool(search.rate >= rate > measured.loc[search.below]),
+        bool(search.rate >= rate > measured.loc[search.below]),
+    )
 
 
 def plan_checks(
@@ -154,13 +183,7 @@ def plan_checks(
         for rate, search in plan.searches.items():
             if not search.reached:
                 continue
-            measured = plan.points.set_index("num_blocks")["first_prefill"]
-            below = measured.loc[search.below] if search.below is not None else -1.0
-            checks.add(
-                f"{label}: the engine's answer reaches the target, the point below it does not",
-                True,
-                bool(search.rate >= rate > below),
-            )
+            checks.add(*target_check(label, plan.points, search, rate))
     layouts = {
         (a.model, a.kv_cache_dtype, plans[label].trace.block_size, a.bytes_per_block)
         for label, a in answers

@@ -387,6 +387,13 @@ def offload_checks(table: pd.DataFrame) -> Checks:
     rows = table.sort_values("multiple").reset_index(drop=True)
     attrs = table.attrs
     for r in rows.itertuples():
+        if r.multiple == 0:  # no connector: "never loaded <= stored" would read 0 <= 0
+            checks.add(
+                "0x (no connector): no block stored or loaded",
+                0,
+                int(r.stored_blocks + r.loaded_blocks),
+            )
+            continue
         checks.add(
             f"{r.multiple}x: stored blocks never loaded <= stored blocks",
             f"<= {r.stored_blocks}",
