@@ -162,4 +162,6 @@ def test_the_mooncake_grids_expand():
     assert all(p.config.num_blocks >= p.config.min_num_blocks for p in points)
     assert points[0].config.trace.endswith(f"-first{points[0].config.limit}.parquet")
     full = sweeps.load_grid("fleet-mooncake-full")  # expanding it converts the whole trace
-    assert "limit" not in full["base"] and len(full["series"]) == 4
+    default = sweeps.load_grid("fleet-mooncake")
+    assert "limit" not in full["base"]  # the full grid is the default one over the whole trace
+    assert [s["name"] for s in full["series"]] == [s["name"] for s in default["series"]]
