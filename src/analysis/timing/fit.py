@@ -59,7 +59,10 @@ def fit_coefficients(
         solution, *_ = np.linalg.lstsq(matrix, measured * weights, rcond=None)
         if (solution >= 0).all():
             return dict(zip(kept, map(float, solution), strict=True)), dropped
-        worst = kept[int(np.argmin(solution))]
+        # A step always costs something: drop the most negative other term before the fixed one.
+        order = np.argsort(solution)
+        negative = [kept[i] for i in order if solution[i] < 0]
+        worst = next((t for t in negative if t != "fixed"), negative[0])
         kept.remove(worst)
         dropped.append(worst)
     return {}, dropped
