@@ -233,11 +233,12 @@ def remove_dead_writers(folder: Path) -> None:
         kind, _, pid = stale.name.rpartition("-")
         if not kind.endswith((".partial", ".trash", ".old")) or not pid.isdigit():
             continue
-        if stale.is_dir() and not _alive(int(pid)):
+        if stale.is_dir() and not process_alive(int(pid)):
             shutil.rmtree(stale, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether a process with this id exists (a leftover's writer may still be running)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from analysis.platform.errors import NotebookError, ResultError
+from analysis.platform.manifest import process_alive
 from analysis.platform.paths import figures_dir, from_root, repo_root, reports_dir
 from analysis.report.kernels import kernel_log_path, papermill_kernel_arguments
 
@@ -105,18 +106,8 @@ def remove_dead_partials(output: Path) -> None:
     """The partial copies of `output` left by runs whose process no longer exists."""
     for stale in output.parent.glob(f".{output.stem}.partial-*.ipynb"):
         pid = stale.name.removesuffix(".ipynb").rpartition("-")[2]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not process_alive(int(pid)):
             stale.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def record_paths(executed: Path, notebook: Path, output: Path) -> None:
