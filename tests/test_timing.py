@@ -18,7 +18,7 @@ from analysis.engines.timed_arrivals import TimedArrivals
 from analysis.engines.workload import build_workload
 from analysis.platform.errors import ConfigError
 from analysis.runs import run
-from analysis.timing.fit import fit_profile
+from analysis.timing.fit import design_matrix, fit_coefficients, fit_profile
 
 COEFFICIENTS = {"fixed": 0.004, "token": 2e-5, "new_request": 1e-3, "decode_context": 5e-4}
 
@@ -242,6 +242,43 @@ def test_the_fit_recovers_known_coefficients():
     assert fitted.loop_s == pytest.approx(1e-4)
 
 
+# Of the first 600 of these problems, a greedy fit ("drop the most negative term, refit") missed
+# the optimum on six: these, then four it got right.
+@pytest.mark.parametrize("seed", [69, 236, 401, 409, 540, 550, 0, 1, 2, 3])
+def test_the_fit_meets_the_optimality_conditions_and_never_under_charges_the_total(seed):
+    """Small calibrations with collinear terms and times curved in their features: the
+    coefficients are non-negative, the squared error's gradient is zero on the kept terms
+    and pushes every dropped term below zero (KKT: no non-negative point is better), and so
+    the fitted total is never below the measured one (zero gradient on a kept fixed term, or
+    a fixed term dropped because the total is already covered without it)."""
+    rng = np.random.default_rng(seed)
+    n = 40
+    sequences = rng.integers(1, 7, n)
+    prefills = rng.integers(0, 2, n)
+    steps = pd.DataFrame(
+        {
+            "tokens": sequences + prefills * rng.integers(8, 256, n),
+            "sequences": sequences,
+            "sampled": sequences,  # equal in a batch where every request samples
+            "new_requests": prefills,
+            "prefill_requests": prefills,  # equal when every prefill is a new request's
+        }
+    )
+    shape = np.vstack([np.ones(n), sequences**2, steps["tokens"] ** 2 / 1e4, prefills])
+    noise = rng.random(n) * rng.random() * 3
+    steps["wall_s"] = np.abs(rng.normal(0.0, 1.0, 4) @ shape) + noise
+    terms = ["fixed", "token", "sequence", "new_request", "prefill_request", "sampled"]
+    coefficients, dropped = fit_coefficients(steps, terms)
+    solution = np.array([coefficients.get(t, 0.0) for t in terms])
+    matrix, measured = design_matrix(steps, terms), steps["wall_s"].to_numpy()
+    gradient = matrix.T @ (matrix @ solution - measured)
+    tolerance = 1e-9 * np.abs(matrix.T @ measured).max()
+    assert (solution >= 0).all() and set(dropped) == set(terms) - set(coefficients)
+    assert np.allclose(gradient[solution > 0], 0.0, atol=tolerance)
+    assert (gradient[solution == 0] >= -tolerance).all()
+    assert (matrix @ solution).sum() >= measured.sum() * (1 - 1e-9)
+
+
 def test_a_fit_on_seconds_charges_a_skewed_run_its_whole_time_and_a_relative_one_does_not():
     """Step times skewed to the slow side (one step in ten takes 3x): the relative fit follows
     the typical step and under-charges the run; the fit on seconds charges its summed time."""
@@ -293,7 +330,9 @@ def test_calibrate_on_the_real_cpu_engine(tmp_path, monkeypatch):
     monkeypatch.setattr("analysis.timing.calibration.held_out_workloads", lambda device: held)
     result = calibrate("cpu", repeats=2, say=lambda line: None)
     profile = result.profile
-    assert profile.coefficients.get("fixed", 0) > 0
+    assert profile.coefficients and all(value > 0 for value in profile.coefficients.values())
+    # the exact non-negative fit on seconds never charges less than the calibration's total
+    assert profile.fit["fitted"]["summed_time_rel_error"] >= -1e-4, profile.fit
     assert profile.identity["machine"]["kind"] == "cpu"
     assert profile.identity["model_runner"] in ("v1", "v2")
     assert set(result.steps["run"]) == {

@@ -11,12 +11,13 @@ Least squares over the terms of `analysis.engines.clock.TERMS`, in one of two wa
   costs as medians. Step times are skewed to the slow side, so this profile under-charges a
   whole run by the skew (the first H100 calibrations were fitted so, and say so).
 
-A term whose best coefficient is negative has no physical meaning (work that saves time): it
-is dropped and the rest refitted, and the profile says which terms were dropped.
+A negative coefficient has no physical meaning (work that saves time): the coefficients are
+the best non-negative ones, and the profile names the terms left at zero as dropped.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -53,19 +54,38 @@ def fit_coefficients(
     measured = steps["wall_s"].to_numpy(dtype=np.float64)
     weights = 1.0 / measured if method == "relative" else np.ones_like(measured)
     kept = [t for t in terms if _varies(steps, t)]
-    dropped = [t for t in terms if t not in kept]
-    while kept:
-        matrix = design_matrix(steps, kept) * weights[:, None]
-        solution, *_ = np.linalg.lstsq(matrix, measured * weights, rcond=None)
-        if (solution >= 0).all():
-            return dict(zip(kept, map(float, solution), strict=True)), dropped
-        # A step always costs something: drop the most negative other term before the fixed one.
-        order = np.argsort(solution)
-        negative = [kept[i] for i in order if solution[i] < 0]
-        worst = next((t for t in negative if t != "fixed"), negative[0])
-        kept.remove(worst)
-        dropped.append(worst)
-    return {}, dropped
+    matrix = design_matrix(steps, kept) * weights[:, None]
+    solution = non_negative_least_squares(matrix, measured * weights)
+    fitted = {t: float(c) for t, c in zip(kept, solution, strict=True) if c > 0}
+    return fitted, [t for t in terms if t not in fitted]
+
+
+def non_negative_least_squares(matrix: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """The exact minimiser of |matrix @ x - target| over x >= 0, by trying every set of free
+    terms (2^9 small solves for the nine terms of a profile).
+
+    The minimiser is the plain least-squares solution on some set of columns, so the best
+    feasible one of those is it (ties go to fewer terms). A greedy "drop the most negative term
+    and refit" can end at a worse set: on a small, collinear calibration it once dropped the
+    fixed cost, and the profile then under-charged the calibration's own summed time by 66 %.
+    With a free fixed term the optimum's residuals sum to zero; with none, the optimum charges
+    at least the measured sum (its gradient in the fixed direction), so a mean-fitted profile
+    never under-charges a run's total. (`scipy.optimize.nnls` solves the same problem; scipy
+    is not otherwise a dependency, and the GPU environment carries none.)
+    """
+    columns = matrix.shape[1]
+    best, best_cost = np.zeros(columns), float(target @ target)
+    for size in range(1, columns + 1):
+        for free in itertools.combinations(range(columns), size):
+            part, *_ = np.linalg.lstsq(matrix[:, free], target, rcond=None)
+            if (part < 0).any():
+                continue
+            residual = target - matrix[:, free] @ part
+            cost = float(residual @ residual)
+            if cost < best_cost * (1 - 1e-12):
+                best, best_cost = np.zeros(columns), cost
+                best[list(free)] = part
+    return best
 
 
 def _varies(steps: pd.DataFrame, term: str) -> bool:
