@@ -81,6 +81,8 @@ check: setup ## the inner loop: lint + the tests that start no vLLM engine, sche
 JUNIT := reports/junit
 # nbval's notebooks save their figures under reports/ (not committed), so that a test run leaves
 # the committed figures as they were; their kernels start over IPC (notebooks/conftest.py).
+# One notebook at a time: a notebook already fills the cores (the sweep's worker processes, a
+# pair of real servers), and two side by side on pytest-xdist ran nbval slower, not faster.
 NBVAL_PYTEST := PREFIX_CACHE_LAB_FIGURES=reports/nbval-figures $(VENV)/bin/pytest --nbval \
   --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout 1200 \
   -p no:cacheprovider --durations=15 --junitxml=$(JUNIT)/nbval.xml notebooks
