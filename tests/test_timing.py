@@ -99,6 +99,36 @@ def test_replay_on_a_clock_counts_exactly_as_replay_in_steps(tmp_path, mode):
 
 
 @pytest.mark.engine
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"mode": "closed-loop", "concurrency": 4, "think_time_s": 0.05, "num_blocks": 40},
+        {"mode": "poisson", "arrival_rate": 20.0, "num_blocks": 400},
+        {"mode": "batch", "num_blocks": 400},
+    ],
+    ids=["closed-loop-preempting", "poisson", "batch"],
+)
+def test_the_decode_fast_path_changes_no_time_on_the_clock(tmp_path, settings):
+    """The fast path parks decodes and skips steps; on a clock each parked decode is charged
+    with its step and each skipped step as `schedule()` would have logged it, and a skip ends
+    where an arrival comes: the step table and every request's times equal those of the run
+    that schedules every step, to the bit."""
+    trace = synthetic_trace(num_conversations=12, turns=3, reply_tokens=(20, 90), seed=11)
+    config = RunConfig(block_size=16, max_model_len=512, limit=None, **settings)
+    clocked = timed(config, write_profile(tmp_path / "p.json"))
+    fast = run(trace, clocked, progress=False)
+    every = run(trace, clocked.with_(fast_path=False), progress=False)
+    engine = fast.manifest["engine"]
+    assert engine["fast_path_skipped_steps"] > 0 and engine["fast_path_parked_request_steps"] > 0
+    assert engine["scheduler_calls"] < every.manifest["engine"]["scheduler_calls"]
+    if settings["num_blocks"] == 40:
+        assert every.summary["preemptions"] > 0
+    pd.testing.assert_frame_equal(fast.steps, every.steps, check_exact=True)
+    pd.testing.assert_frame_equal(fast.requests, every.requests, check_exact=True)
+    pd.testing.assert_frame_equal(fast.admissions, every.admissions, check_exact=True)
+
+
+@pytest.mark.engine
 def test_each_step_is_charged_its_modelled_cost(tmp_path):
     trace = synthetic_trace(num_conversations=4, turns=2, seed=5)
     path = write_profile(tmp_path / "p.json")

@@ -8,8 +8,9 @@ finished its prefill, the next token of its workload outputs (its recorded reply
 
 On a clock (`RunConfig.clock`, a step-cost profile from `python -m analysis calibrate`), each
 step is charged the profile's cost of what vLLM scheduled in it, requests arrive in seconds
-(`timed_arrivals`), and the run predicts TTFT, TPOT and throughput; the decode fast path is off
-there, since every step must be charged.
+(`timed_arrivals`), and the run predicts TTFT, TPOT and throughput. The decode fast path runs
+there too: its parked decodes are charged with their step and its skipped steps one by one,
+so the step table is the same, to the bit, as a run that calls `schedule()` every step.
 
 Two of its savings live in `replay_fast_path` (the decode fast path, hashes a previous turn
 computed); two more change no result either: the model-runner payload of `schedule()`
@@ -178,8 +179,9 @@ def run_replay(
             arrivals = Arrivals(workload, config.mode, config.concurrency)
             steps_run = _drive(scheduler, fast, arrivals, live, ids, recorder, submit, progress)
         else:
-            fast.enabled = False  # every step is charged its cost: none may be skipped
-            timed = _run_on_clock(workload, config, model, engine, live, recorder, submit, progress)
+            timed = _run_on_clock(
+                workload, config, model, engine, fast, live, recorder, submit, progress
+            )
             steps_run = timed["scheduler_calls"]
     elapsed = time.perf_counter() - started
     return {
@@ -198,7 +200,7 @@ def run_replay(
     }
 
 
-def _run_on_clock(workload, config, model, engine, live, recorder, submit, progress):
+def _run_on_clock(workload, config, model, engine, fast, live, recorder, submit, progress):
     """Replay with every step charged its cost by the profile, arrivals in seconds."""
     from analysis.engines.clock import VirtualClock, check_applies, load_profile, run_identity
     from analysis.engines.steps import StepLog
@@ -212,7 +214,7 @@ def _run_on_clock(workload, config, model, engine, live, recorder, submit, progr
     steps.attach(engine.scheduler)
     arrivals = TimedArrivals.for_config(workload, config)
     calls = _drive_on_clock(
-        engine.scheduler, arrivals, live, recorder, submit, progress, clock, profile, steps
+        engine.scheduler, fast, arrivals, live, recorder, submit, progress, clock, profile, steps
     )
     return {
         "scheduler_calls": calls,
@@ -227,11 +229,13 @@ def _run_on_clock(workload, config, model, engine, live, recorder, submit, progr
 
 
 def _drive_on_clock(
-    scheduler, arrivals, live, recorder, submit, progress, clock, profile, steps
+    scheduler, fast, arrivals, live, recorder, submit, progress, clock, profile, steps
 ) -> int:
     """The step loop of `_drive`, in seconds: submit what has arrived (each charged
     `admit_s`), idle until the next arrival when nothing runs, charge each step its modelled
-    cost before its tokens come out, then the driver's `loop_s`."""
+    cost before its tokens come out, then the driver's `loop_s`. The decode fast path's
+    parked decodes are charged with the step they belong to, and its skipped steps each as
+    `schedule()` would have logged it (the same step table, to the bit, as without it)."""
 
     def admit() -> int:
         due = arrivals.due(clock.now())
@@ -241,9 +245,10 @@ def _drive_on_clock(
             clock.advance(profile.admit_s * len(due))
         return len(due)
 
-    def charge(admitted: int) -> Callable[[Any], None]:
+    def charge(step: int, admitted: int) -> Callable[[Any], None]:
         def on_scheduled(_: Any) -> None:
             start = clock.now()
+            steps.add_decodes(*fast.hidden_decodes(step))
             cost = profile.step_seconds(steps.last())
             steps.timed(start, cost, admitted, profile.admit_s * admitted, profile.loop_s)
             clock.advance(cost)
@@ -258,7 +263,13 @@ def _drive_on_clock(
             continue
         step = scheduler.current_step + 1
         recorder.mark_step(step, clock.now())
-        finished = run_step(scheduler, None, live, recorder.ids, recorder, step, charge(admitted))
+        if fast.prepare(step) and fast.nothing_to_schedule():
+            fast.restore()
+            _skip_on_clock(scheduler, fast, arrivals, recorder, clock, profile, steps, step)
+            continue
+        finished = run_step(
+            scheduler, fast, live, recorder.ids, recorder, step, charge(step, admitted)
+        )
         calls += 1
         if finished:
             if progress is not None:
@@ -266,6 +277,32 @@ def _drive_on_clock(
             arrivals.after_finished(finished, clock.now())
         clock.advance(profile.loop_s)
     return calls
+
+
+def _skip_on_clock(scheduler, fast, arrivals, recorder, clock, profile, steps, step) -> None:
+    """Steps with only parked decodes, from `step` to the next wake, without `schedule()`:
+    each charged what it would have cost, and the run handed back at an earlier step when a
+    request has arrived by its start (the step loop then admits it, as it would have)."""
+    wake = fast.next_wake(step)
+    finished = len(scheduler.finished_req_ids)  # reported, then cleared, by `schedule()`
+    scheduler.finished_req_ids = set()
+    current = step
+    while True:
+        start = clock.now()
+        if current > step:
+            recorder.mark_step(current, start)
+        steps.decodes_only(current, *fast.hidden_decodes(current), finished)
+        cost = profile.step_seconds(steps.last())
+        steps.timed(start, cost, 0, 0.0, profile.loop_s)
+        clock.advance(cost)
+        clock.advance(profile.loop_s)
+        current += 1
+        finished = 0
+        arrival = arrivals.next_time()
+        if current == wake or (arrival is not None and arrival <= clock.now()):
+            break
+    fast.skipped_steps += current - step
+    scheduler.current_step = current - 1
 
 
 def last_turn_indices(workload: Workload) -> set[int]:

@@ -23,6 +23,10 @@ block *ids* may differ (the blocks are interchangeable); hits, queries, preempti
 every stored / hit / evicted block hash are identical per step, which the tests check
 against `fast_path=False` and against the real engine.
 
+On a clock, what the fast path does outside `schedule()` is still charged: `hidden_decodes`
+gives the number and context of each step's parked and handled decodes (kept as running sums,
+so no parked request is touched), and the replay driver logs every skipped step.
+
 Reused hashes (`PrefixHashes`) change no result either: block hashes that a conversation's
 previous turn computed are reused (vLLM's hash of block i depends only on the first (i+1)*B
 tokens).
@@ -115,6 +119,13 @@ class DecodeFastPath:
         self._visible: list[Any] = []
         self._num_visible = 0
         self._budgets: tuple[int, int, int] | None = None
+        # The decodes done outside `schedule()`, for a clock to charge (`hidden_decodes`):
+        # parked requests, each with its token count at parking minus the step it was parked at,
+        # and the requests handled this step that were not parked again.
+        self._parked_count = 0
+        self._parked_base = 0
+        self._handled_count = 0
+        self._handled_context = 0
 
     @staticmethod
     def _supported(scheduler: Any, num_groups: int) -> bool:
@@ -174,6 +185,8 @@ class DecodeFastPath:
     def _park(self, request: Any, step: int, steps: int, finishing: bool) -> None:
         wake = step + steps
         request._park_step = step
+        self._parked_count += 1
+        self._parked_base += len(request._all_token_ids) - step
         request._park_wake = wake
         request._park_finishing = finishing
         parked = self._parked_by_wake
@@ -185,6 +198,8 @@ class DecodeFastPath:
 
     def _catch_up(self, request: Any, step: int) -> None:
         """Advance a parked request to the start of `step`, as vLLM's steps would have."""
+        self._parked_count -= 1
+        self._parked_base -= len(request._all_token_ids) - request._park_step
         steps = step - request._park_step
         if steps > 0:
             self._advance(request, steps)
@@ -244,6 +259,7 @@ class DecodeFastPath:
 
         Returns False for a plain vLLM step (nothing hidden, `running` untouched).
         """
+        self._handled_count = self._handled_context = 0
         if not self.enabled:
             return False
         scheduler = self.scheduler
@@ -363,6 +379,16 @@ class DecodeFastPath:
         if steps or not finishing:
             # Parked even when its next event is the next step: `prepare` then knows it is due.
             self._park(request, step + 1, steps, finishing)
+        else:
+            self._handled_count += 1
+            self._handled_context += num_tokens
+
+    def hidden_decodes(self, step: int) -> tuple[int, int]:
+        """(requests, context tokens) of the decodes `step` does outside `schedule()`: every
+        parked request (one token against its context, which grows by one a step) and every
+        request handled here; what a clock charges beside the batch vLLM scheduled."""
+        count = self._parked_count + self._handled_count
+        return count, self._parked_base + self._parked_count * step + self._handled_context
 
     def nothing_to_schedule(self) -> bool:
         """After prepare(): vLLM would schedule only parked requests this step."""

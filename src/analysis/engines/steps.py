@@ -121,6 +121,25 @@ class StepLog:
         """The FEATURES of the step just scheduled."""
         return {name: self.columns[name][-1] for name in FEATURES}
 
+    def add_decodes(self, count: int, context: int) -> None:
+        """Decodes the step just scheduled did outside `schedule()` (replay's decode fast path):
+        each one token computed and sampled against its `context` tokens, as `step_features`
+        would have counted them."""
+        if count:
+            for name in ("tokens", "sequences", "sampled"):
+                self.columns[name][-1] += count
+            self.columns["decode_context"][-1] += context
+
+    def decodes_only(self, step: int, count: int, context: int, finished: int) -> None:
+        """A step that ran no `schedule()` (replay skipped it: only parked decodes), logged as
+        `schedule()` would have logged it, with the requests that finished before it."""
+        made_up = dict.fromkeys(FEATURES, 0)
+        made_up |= {"tokens": count, "sequences": count, "sampled": count}
+        made_up |= {"decode_context": context, "finished_requests": finished}
+        for name, value in made_up.items():
+            self.columns[name].append(value)
+        self.step.append(step)
+
     def timed(
         self, start_s: float, wall_s: float, admitted: int, admit_s: float, gap_s: float
     ) -> None:
