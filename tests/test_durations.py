@@ -30,6 +30,7 @@ NBVAL_XML = """<?xml version="1.0" encoding="utf-8"?><testsuites name="pytest te
 @pytest.fixture
 def root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("PREFIX_CACHE_LAB_ROOT", str(tmp_path))
+    monkeypatch.delenv(durations.STARTED_ENV, raising=False)  # `.ci/run` sets it for make test
     return tmp_path
 
 
@@ -97,3 +98,25 @@ def test_report_stages_are_tabled_and_written(root: Path, capsys) -> None:
         durations.Row("stage", "notebook 00-download-sharegpt (failed)", 5.0),
         durations.Row("total", "total", 17.0),
     ]
+
+
+def test_a_fresh_run_from_its_start_adds_its_set_up_and_total(root: Path, monkeypatch) -> None:
+    """`.ci/run` gives the epoch second it started: set-up is what passed before pytest began,
+    the total what passed until the table; the machine is recorded beside every row."""
+    from datetime import datetime
+
+    folder = durations.junit_dir()
+    folder.mkdir(parents=True)
+    (folder / durations.PYTEST_XML).write_text(PYTEST_XML)
+    (folder / durations.NBVAL_XML).write_text(NBVAL_XML)
+    began = datetime.fromisoformat("2026-01-02T03:04:05+00:00").timestamp()
+    monkeypatch.setenv(durations.STARTED_ENV, str(began - 150.0))
+    monkeypatch.setattr(durations, "machine_line", lambda: "Some CPU, AVX2")
+    assert cli.main(["durations"]) == 0
+    with (root / "reports" / durations.TEST_CSV).open(newline="") as handle:
+        written = list(csv.DictReader(handle))
+    assert (written[0]["section"], written[0]["name"]) == ("phase", "set-up and ruff")
+    assert float(written[0]["seconds"]) == 150.0
+    assert (written[-1]["section"], written[-1]["name"]) == ("total", "make test")
+    assert float(written[-1]["seconds"]) > 150.0 + 95.5  # began long ago: now is later still
+    assert {r["machine"] for r in written} == {"Some CPU, AVX2"}

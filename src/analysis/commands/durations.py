@@ -39,7 +39,13 @@ def main(args: argparse.Namespace) -> int:
         path = reports_dir() / durations.REPORT_CSV
         durations.write_csv(rows, path, recorded.get("finished") or recorded.get("started", ""))
     else:
-        found = durations.from_junit_dir(Path(args.junit_dir) if args.junit_dir else None)
+        import os
+
+        started = os.environ.get(durations.STARTED_ENV)
+        found = durations.from_junit_dir(
+            Path(args.junit_dir) if args.junit_dir else None,
+            float(started) if started else None,
+        )
         if found is None:
             print(f"no junit files in {args.junit_dir or durations.junit_dir()}")
             return 0

@@ -26,7 +26,10 @@ NBVAL_XML = "nbval.xml"
 TEST_CSV = "test-times.csv"
 REPORT_CSV = "report-times.csv"
 SLOWEST = 15
-FIELDS = ("section", "name", "seconds", "recorded", "cores")
+FIELDS = ("section", "name", "seconds", "recorded", "cores", "machine")
+# `.ci/run` sets this to the epoch second it started, so that a fresh run's set-up (the
+# environment, ruff) and its whole time are rows too.
+STARTED_ENV = "PREFIX_CACHE_LAB_TEST_STARTED"
 
 
 @dataclass(frozen=True)
@@ -125,17 +128,38 @@ def _seconds(seconds: float) -> str:
 
 
 def write_csv(rows: list[Row], path: Path, recorded: str) -> Path:
-    """The rows as CSV (written whole, then renamed into place)."""
+    """The rows as CSV (written whole, then renamed into place), with the machine they ran on."""
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = path.with_suffix(".csv.partial")
     with staging.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(FIELDS)
-        cores = os.cpu_count() or ""
+        cores, machine = os.cpu_count() or "", machine_line()
         for row in rows:
-            writer.writerow([row.section, row.name, f"{row.seconds:.2f}", recorded, cores])
+            line = [row.section, row.name, f"{row.seconds:.2f}", recorded, cores, machine]
+            writer.writerow(line)
     staging.replace(path)
     return path
+
+
+def machine_line() -> str:
+    """The CPU and what torch dispatches on it ("AMD EPYC, AVX2"): what the times depend on."""
+    from analysis.platform.hardware import machine
+
+    facts = machine()
+    return ", ".join(part for part in (facts.cpu_name.strip(), facts.cpu_capability) if part)
+
+
+def fresh_run_rows(pytest: Suite | None, started: float, ended: float) -> list[Row]:
+    """A run timed from its start (`STARTED_ENV`): the set-up before pytest, and the total."""
+    from datetime import datetime
+
+    rows = []
+    if pytest is not None and pytest.timestamp:
+        began = datetime.fromisoformat(pytest.timestamp).timestamp()
+        rows.append(Row("phase", "set-up and ruff", max(0.0, began - started)))
+    rows.append(Row("total", "make test", max(0.0, ended - started)))
+    return rows
 
 
 def read_csv(path: Path) -> list[Row]:
@@ -143,8 +167,11 @@ def read_csv(path: Path) -> list[Row]:
         return [Row(r["section"], r["name"], float(r["seconds"])) for r in csv.DictReader(handle)]
 
 
-def from_junit_dir(folder: Path | None = None) -> tuple[list[Row], str] | None:
-    """`make test`'s rows from the junit files in `folder` (None when there are none yet)."""
+def from_junit_dir(
+    folder: Path | None = None, started: float | None = None
+) -> tuple[list[Row], str] | None:
+    """`make test`'s rows from the junit files in `folder` (None when there are none yet);
+    with the epoch second the run `started`, its set-up and total as well."""
     folder = folder or junit_dir()
     suites = {
         name: read_junit(folder / name) if (folder / name).is_file() else None
@@ -153,4 +180,10 @@ def from_junit_dir(folder: Path | None = None) -> tuple[list[Row], str] | None:
     if not any(suites.values()):
         return None
     recorded = next((s.timestamp for s in suites.values() if s is not None and s.timestamp), "")
-    return junit_rows(suites[PYTEST_XML], suites[NBVAL_XML]), recorded
+    rows = junit_rows(suites[PYTEST_XML], suites[NBVAL_XML])
+    if started is not None:
+        import time
+
+        extra = fresh_run_rows(suites[PYTEST_XML], started, time.time())
+        rows = extra[:-1] + rows + extra[-1:]
+    return rows, recorded
