@@ -241,6 +241,104 @@ def test_a_pinned_replica_is_replay_of_its_sub_trace(changes):
         )
 
 
+# --------------------------------------------------------------------------- on a clock
+def write_profile(path) -> str:
+    import json
+
+    coefficients = {"fixed": 0.004, "token": 2e-5, "new_request": 1e-3, "decode_context": 5e-4}
+    path.write_text(json.dumps({"coefficients": coefficients, "admit_s": 2e-4, "loop_s": 1e-4}))
+    return str(path)
+
+
+def timed_tables(result, with_steps: bool = True) -> list[pd.DataFrame]:
+    """Requests with their times and admissions with theirs (and the step table), without the
+    replica column and the recorder's step numbers, which count every replica's steps."""
+    drop = ["replica", "submit_step", "first_admission_step", "first_token_step", "finish_step"]
+    requests = result.requests.drop(columns=drop, errors="ignore")
+    admissions = result.admissions.drop(columns=["replica", "step"], errors="ignore")
+    tables = [requests.reset_index(drop=True), admissions.reset_index(drop=True)]
+    if with_steps:
+        tables.append(result.steps.drop(columns=["replica"], errors="ignore"))
+    return tables
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"num_blocks": 200, "concurrency": 16, "think_time_s": 0.05},  # preemptions
+        {"mode": "poisson", "arrival_rate": 8.0, "num_blocks": 400},
+    ],
+    ids=["closed-loop-think", "poisson"],
+)
+def test_a_fleet_of_one_on_a_clock_is_replay_on_the_clock_to_the_bit(tmp_path, changes):
+    trace = trace_of(30, seed=3)
+    clock = write_profile(tmp_path / "p.json")
+    replay = run(trace, run_config(engine="replay", clock=clock, **changes))
+    assert replay.manifest["engine"]["fast_path_skipped_steps"] > 0
+    for router in ("round-robin", "precise-prefix"):
+        fleet = run(trace, run_config(router=router, clock=clock, **changes))
+        assert fleet.manifest["engine"]["steps"] == replay.manifest["engine"]["steps"]
+        for a, b in zip(timed_tables(replay), timed_tables(fleet), strict=True):
+            pd.testing.assert_frame_equal(a, b, check_exact=True)
+        pd.testing.assert_frame_equal(
+            fleet.requests[["submit_step", "first_token_step", "finish_step"]],
+            replay.requests[["submit_step", "first_token_step", "finish_step"]],
+        )
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize(
+    "changes",
+    [{"mode": "batch"}, {"mode": "closed-loop", "concurrency": 64, "think_time_s": 0.2}],
+)
+def test_each_replica_keeps_its_own_time(tmp_path, changes):
+    """Affinity pins each conversation to one replica; when arrivals do not depend on other
+    replicas, each replica on its own clock is replay on the clock of its requests, to the bit
+    (in lockstep a replica would wait for the slowest)."""
+    trace = trace_of(30, seed=5)
+    clock = write_profile(tmp_path / "p.json")
+    fleet = run(trace, run_config(replicas=3, router="affinity", clock=clock, **changes))
+    assert fleet.summary["preemptions"] > 0
+    ends = fleet.requests.groupby("replica")["finish_s"].max()
+    assert ends.nunique() == 3  # the replicas end at their own times
+    for replica in range(3):
+        here = fleet.requests["replica"] == replica
+        mine = fleet.requests.loc[here, "request_id"]
+        sub_trace = trace[trace["request_id"].isin(mine)].reset_index(drop=True)
+        alone = run(sub_trace, run_config(engine="replay", clock=clock, **changes))
+        steps = fleet.steps[fleet.steps["replica"] == replica].drop(columns="replica")
+        pd.testing.assert_frame_equal(
+            alone.steps.reset_index(drop=True), steps.reset_index(drop=True), check_exact=True
+        )
+        columns = ["request_id", "arrival_s", "first_token_s", "finish_s", "ttft_s"]
+        pd.testing.assert_frame_equal(
+            alone.requests[columns].reset_index(drop=True),
+            fleet.requests.loc[here, columns].reset_index(drop=True),
+            check_exact=True,
+        )
+
+
+@pytest.mark.engine
+def test_a_fleet_on_a_clock_runs_its_events_in_time_order(tmp_path):
+    """Poisson arrivals routed by load: each replica's steps follow one another on its own
+    clock, the fleet's steps (and so its admissions) come in the order they start, and no
+    request is admitted before it arrived."""
+    trace = trace_of(40, seed=7)
+    clock = write_profile(tmp_path / "p.json")
+    config = run_config(replicas=3, router="least-loaded", clock=clock, num_blocks=400)
+    fleet = run(trace, config.with_(mode="poisson", arrival_rate=30.0))
+    assert sorted(fleet.requests["replica"].unique()) == [0, 1, 2]
+    admissions = fleet.admissions.sort_values("step", kind="stable")
+    assert admissions["time_s"].is_monotonic_increasing
+    arrived = fleet.requests.set_index("request_index")["arrival_s"]
+    arrival_of_each = arrived[admissions["request_index"]].to_numpy()
+    assert (admissions["time_s"].to_numpy() >= arrival_of_each).all()
+    for _, steps in fleet.steps.groupby("replica"):
+        ends = (steps["start_s"] + steps["wall_s"] + 1e-4).to_numpy()[:-1]
+        assert (steps["start_s"].to_numpy()[1:] >= ends - 1e-12).all()
+
+
 @pytest.mark.engine
 def test_the_precise_index_holds_only_what_the_replica_caches(monkeypatch):
     """At every decision, each replica's index (from vLLM's KV events) is a subset of the hashes

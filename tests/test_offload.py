@@ -110,6 +110,14 @@ def test_arc_runs_and_an_unknown_policy_is_named():
         run(40, -1)
 
 
+def test_offloading_refuses_time_it_would_ignore():
+    from analysis.engines.offload import run_offload
+
+    config = config_for(40).with_(think_time_s=0.5)
+    with pytest.raises(ConfigError, match="runs in steps, not in seconds"):
+        run_offload(build_workload(TRACE, config), config, config_model(config), 200)
+
+
 def test_the_offload_table_reading_and_checks():
     from analysis.sweeps.offload import COLUMNS, offload_checks, offload_reading, offload_table
 

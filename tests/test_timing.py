@@ -202,7 +202,7 @@ def test_timed_arrivals_hand_over_only_what_has_arrived():
         ({"think_time_s": -0.1}, "think_time_s"),
         ({"engine": "vllm", "clock": "p.json", "block_size": 32}, "drop --clock"),
         ({"think_time_s": 1.0}, "need a clock"),
-        ({"engine": "fleet", "replicas": 2, "clock": "p.json"}, "drop --clock"),
+        ({"engine": "fleet", "replicas": 2, "think_time_s": 1.0}, "need a clock for fleet"),
     ],
 )
 def test_impossible_time_settings_are_one_line(changes, words):
@@ -503,9 +503,15 @@ def test_predict_prints_a_json_summary_and_refuses_bad_arrivals(tmp_path, capsys
     assert summary["slo_attained"] == 1.0 and summary["goodput_req_s"] > 0
     table = pd.read_parquet(summary["requests_parquet"])
     assert set(REQUEST_TIME_COLUMNS) <= set(table.columns) and len(table) == 8
+    fleet = ["--clients", "4", "--replicas", "2", "--router", "least-loaded", "--json"]
+    assert cli.main([*base, *fleet]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["requests"] == 8 and summary["replicas"] == 2
+    assert set(pd.read_parquet(summary["requests_parquet"])["replica"]) == {0, 1}
     for bad, words in [
         (["--rate", "0"], "positive"),
         (["--clients", "2", "--slo-tpot", "0"], "--slo-tpot"),
+        (["--clients", "2", "--replicas", "0"], "replicas must be a positive integer"),
     ]:
         assert cli.main([*base, *bad]) == 2
         assert words in capsys.readouterr().err

@@ -51,6 +51,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-prefix-caching", action="store_true", help="vLLM's prefix caching off"
     )
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="engines behind a router, each on its own clock (num-blocks is per replica)",
+    )
+    parser.add_argument(
+        "--router", default=None, help="with --replicas: round-robin, least-loaded, affinity, ..."
+    )
     parser.add_argument("--num-blocks", type=int, default=None, help="KV blocks (default 1024)")
     parser.add_argument("--block-size", type=int, default=None, help="default: the profile's")
     parser.add_argument(
@@ -92,7 +101,9 @@ def config_from_args(args: argparse.Namespace, profile: Any):
         arrivals = {"mode": "timestamps"}
     chosen = {
         "trace": token_trace(args.trace, args.trace_block_size),
-        "engine": "replay",
+        "engine": "fleet" if args.replicas != 1 or args.router else "replay",
+        "replicas": args.replicas,
+        "router": args.router,
         "model": None if model in (None, "tiny-llama") else model,
         "block_size": args.block_size or settings.get("block_size"),
         "num_blocks": args.num_blocks,
@@ -155,6 +166,7 @@ def main(args: argparse.Namespace) -> int:
         "config_id": folder.name,
         "profile": str(profile_path(args.profile)),
         "prefix_caching": config.prefix_caching,
+        **({"replicas": config.replicas, "router": config.router} if config.replicas > 1 else {}),
         "first_prefill_hit_rate": result.summary["first_prefill"]["rate"],
         "preemptions": result.summary["preemptions"],
         **summarise(result.requests, slo_ttft_s=args.slo_ttft, slo_tpot_s=args.slo_tpot),

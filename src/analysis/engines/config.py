@@ -293,21 +293,19 @@ def _check_time(config: RunConfig) -> None:
     think = config.think_time_s
     if not (isinstance(think, int | float) and math.isfinite(think) and think >= 0):
         raise ConfigError(f"think_time_s must be 0 or more seconds (got {think!r})")
-    if config.clock is not None and config.engine != "replay":
+    if config.clock is not None and config.engine not in ("replay", "fleet"):
         raise ConfigError(
             f"--clock gives replay's steps their time; the {config.engine} engine "
             + ("measures its own" if config.engine == "vllm" else "has no clock yet")
             + ": drop --clock or use --engine replay"
         )
-    if config.engine == "replay" and config.clock is None and config.timed:
+    if config.engine in ("replay", "fleet") and config.clock is None and config.timed:
         raise ConfigError(
-            "arrivals in seconds (mode poisson or timestamps, or a think time) need a clock for "
-            "replay: give "
+            f"arrivals in seconds (mode poisson or timestamps, or a think time) need a clock for "
+            f"{config.engine}: give "
             "--clock PROFILE.json (measured by `python -m analysis calibrate`), or use "
             "--engine vllm, which runs on the wall clock"
         )
-    if config.engine == "fleet" and config.timed:
-        raise ConfigError("the fleet engine has no clock yet: use batch or closed-loop arrivals")
 
 
 def router_spec(spec: str) -> tuple[str, float | None]:

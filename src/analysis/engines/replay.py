@@ -247,11 +247,7 @@ def _drive_on_clock(
 
     def charge(step: int, admitted: int) -> Callable[[Any], None]:
         def on_scheduled(_: Any) -> None:
-            start = clock.now()
-            steps.add_decodes(*fast.hidden_decodes(step))
-            cost = profile.step_seconds(steps.last())
-            steps.timed(start, cost, admitted, profile.admit_s * admitted, profile.loop_s)
-            clock.advance(cost)
+            charge_step(steps, fast, step, profile, clock, admitted)
 
         return on_scheduled
 
@@ -265,7 +261,17 @@ def _drive_on_clock(
         recorder.mark_step(step, clock.now())
         if fast.prepare(step) and fast.nothing_to_schedule():
             fast.restore()
-            _skip_on_clock(scheduler, fast, arrivals, recorder, clock, profile, steps, step)
+            arrival = arrivals.next_time()
+            skip_on_clock(
+                scheduler,
+                fast,
+                step,
+                clock,
+                profile,
+                steps,
+                mark=recorder.mark_step,
+                stop=lambda start, arrival=arrival: arrival is not None and arrival <= start,
+            )
             continue
         finished = run_step(
             scheduler, fast, live, recorder.ids, recorder, step, charge(step, admitted)
@@ -279,10 +285,21 @@ def _drive_on_clock(
     return calls
 
 
-def _skip_on_clock(scheduler, fast, arrivals, recorder, clock, profile, steps, step) -> None:
+def charge_step(steps, fast, step: int, profile, clock, admitted: int) -> None:
+    """Charge the step just scheduled: the fast path's parked decodes added to what vLLM
+    scheduled, its modelled cost on the clock (`admitted`: requests handed over before it)."""
+    start = clock.now()
+    steps.add_decodes(*fast.hidden_decodes(step))
+    cost = profile.step_seconds(steps.last())
+    steps.timed(start, cost, admitted, profile.admit_s * admitted, profile.loop_s)
+    clock.advance(cost)
+
+
+def skip_on_clock(scheduler, fast, step, clock, profile, steps, mark, stop) -> None:
     """Steps with only parked decodes, from `step` to the next wake, without `schedule()`:
-    each charged what it would have cost, and the run handed back at an earlier step when a
-    request has arrived by its start (the step loop then admits it, as it would have)."""
+    each charged what it would have cost, and the run handed back to the step loop at the
+    first step whose start `stop(start)` refuses (a request has arrived by then, say; the loop
+    then admits it, as it would have). `mark(step, start)` marks each step after the first."""
     wake = fast.next_wake(step)
     finished = len(scheduler.finished_req_ids)  # reported, then cleared, by `schedule()`
     scheduler.finished_req_ids = set()
@@ -290,7 +307,7 @@ def _skip_on_clock(scheduler, fast, arrivals, recorder, clock, profile, steps, s
     while True:
         start = clock.now()
         if current > step:
-            recorder.mark_step(current, start)
+            mark(current, start)
         steps.decodes_only(current, *fast.hidden_decodes(current), finished)
         cost = profile.step_seconds(steps.last())
         steps.timed(start, cost, 0, 0.0, profile.loop_s)
@@ -298,8 +315,7 @@ def _skip_on_clock(scheduler, fast, arrivals, recorder, clock, profile, steps, s
         clock.advance(profile.loop_s)
         current += 1
         finished = 0
-        arrival = arrivals.next_time()
-        if current == wake or (arrival is not None and arrival <= clock.now()):
+        if current == wake or stop(clock.now()):
             break
     fast.skipped_steps += current - step
     scheduler.current_step = current - 1

@@ -1,6 +1,7 @@
 """A fleet: N replay engines, each vLLM's own `Scheduler` and `KVCacheManager`, behind a router.
 
-The replicas advance in lockstep (one vLLM step each per fleet step, `driver`). A request is
+The replicas advance in lockstep (one vLLM step each per fleet step, `driver`), or on a clock
+each at its own pace (`clocked`: a discrete-event loop of arrivals and replica steps). A request is
 routed when it arrives, from what a real router sees then (`routers`): each replica's waiting
 and running requests and KV usage, and for the prefix routers either the router's own memory
 of what it sent where (approximate) or the blocks each replica holds, read from vLLM's own KV

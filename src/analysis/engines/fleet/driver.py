@@ -1,4 +1,5 @@
-"""The fleet's step loop: N replay engines in lockstep, requests routed as they arrive.
+"""The fleet's step loop: N replay engines in lockstep, requests routed as they arrive (on a
+clock, `clocked` runs them instead, each at its own pace).
 
 Each fleet step runs one vLLM step on every replica that has work, in replica order, with
 `replay`'s own step (`run_step`) and decode fast path; a replica with only parked decodes does
@@ -111,30 +112,44 @@ def run_fleet(
     first = replicas[0].engine
     prefix_hashes = PrefixHashes(first.hash_block_size, first.block_hasher)
     last_turns = last_turn_indices(workload)
-    arrivals = Arrivals(workload, config.mode, config.concurrency)
     live: dict[str, Any] = {}
     ids = recorder.ids
     balance = LoadBalance(config.replicas)
 
+    def route(index: int, step: int) -> Replica:
+        request = new_request(workload, index, prefix_hashes, last_turns)
+        arrival = Arrival(workload.specs[index].conversation_id, request.block_hashes)
+        replica = replicas[router.choose(arrival, replicas)]
+        replica.routed += 1
+        ids[request.request_id] = index
+        live[request.request_id] = request
+        recorder.submitted(index, step)
+        recorder.replica_of[index] = replica.index
+        replica.scheduler.add_request(request)
+        return replica
+
     def submit(indices: list[int], step: int) -> None:
         for index in indices:
-            request = new_request(workload, index, prefix_hashes, last_turns)
-            arrival = Arrival(workload.specs[index].conversation_id, request.block_hashes)
-            replica = replicas[router.choose(arrival, replicas)]
-            replica.routed += 1
-            ids[request.request_id] = index
-            live[request.request_id] = request
-            recorder.submitted(index, step)
-            recorder.replica_of[index] = replica.index
-            replica.scheduler.add_request(request)
+            route(index, step)
 
     recorder.start_clock()
     started = time.perf_counter()
     cpu_started = time.process_time()
+    timed: dict[str, Any] = {}
     with gc_paused():
-        clock, skipped = _drive(replicas, arrivals, live, ids, recorder, submit, balance, progress)
+        if config.clock is None:
+            arrivals = Arrivals(workload, config.mode, config.concurrency)
+            clock, skipped = _drive(
+                replicas, arrivals, live, ids, recorder, submit, balance, progress
+            )
+        else:
+            timed = _run_on_clock(
+                workload, config, model, replicas, live, recorder, route, balance, progress
+            )
+            clock, skipped = timed.pop("steps"), sum(r.fast.skipped_steps for r in replicas)
     elapsed = time.perf_counter() - started
     return {
+        **timed,
         "steps": clock,
         "fleet_skipped_steps": skipped,
         "loop_seconds": round(elapsed, 3),
@@ -148,6 +163,37 @@ def run_fleet(
         **balance.facts(),
         "resolved": resolved_settings(first.vllm_config, first.scheduler),
     }
+
+
+def _run_on_clock(workload, config, model, replicas, live, recorder, route, balance, progress):
+    """The fleet with each replica on its own clock (`clocked`), arrivals in seconds."""
+    from analysis.engines.clock import check_applies, load_profile, run_identity
+    from analysis.engines.fleet.clocked import drive_on_clock
+    from analysis.engines.timed_arrivals import TimedArrivals
+
+    profile = load_profile(config.clock)
+    differences = check_applies(profile, run_identity(config, model), anyway=config.clock_anyway)
+
+    def observe() -> None:
+        balance.observe([len(replica.scheduler.running) for replica in replicas], 1)
+
+    timed = drive_on_clock(
+        replicas,
+        TimedArrivals.for_config(workload, config),
+        live,
+        recorder,
+        route,
+        profile,
+        observe,
+        progress,
+    )
+    timed["clock"] = {
+        "profile": str(config.clock),
+        "predicts_for": {k: profile.identity.get(k) for k in ("machine", "dtype", "model")},
+        "identity_differences": differences,
+        "seconds": round(timed.pop("seconds"), 6),
+    }
+    return timed
 
 
 def _replica(

@@ -263,6 +263,11 @@ def run_offload(
     """
     if cpu_blocks < 0:
         raise ConfigError(f"cpu_blocks={cpu_blocks}: give 0 (no offloading) or more CPU blocks")
+    if config.timed:
+        raise ConfigError(
+            "CPU offloading runs in steps, not in seconds: drop the clock, the think time and "
+            "arrivals in seconds (mode batch or closed-loop)"
+        )
     counts = OffloadCounts(cpu_blocks=cpu_blocks, eviction_policy=eviction_policy)
     if cpu_blocks:
         engine = build_offload_scheduler(config, model, cpu_blocks, eviction_policy, prompt_only)
