@@ -618,3 +618,45 @@ def test_predict_replays_a_block_hash_trace_at_its_own_timestamps(tmp_path, caps
     table = pd.read_parquet(summary["requests_parquet"]).sort_values("arrival_s")
     np.testing.assert_allclose(table["arrival_s"], [0.0, 0.5, 1.0])
     assert summary["first_prefill_hit_rate"] > 0  # the later requests share three blocks
+
+
+# ------------------------------------------------------------------ routers in time (notebook 13)
+def _router_rows(**changes) -> pd.DataFrame:
+    rows = pd.DataFrame(
+        {
+            "router": ["round-robin", "affinity", "approx-prefix"],
+            "requests": [100, 100, 100],
+            "unfinished": [0, 0, 0],
+            "hit_rate": [0.35, 0.84, 0.15],
+            "preemptions": [0, 0, 330],
+            "load_imbalance_mean": [1.2, 1.3, 4.0],
+            "busiest_replica_share": [0.25, 0.3, 1.0],
+            "ttft_p50_s": [0.019, 0.015, 4.6],
+            "ttft_p90_s": [0.025, 0.022, 9.7],
+            "slo_attained": [1.0, 1.0, 0.28],
+            "goodput_req_s": [25.6, 25.5, 4.1],
+        }
+    )
+    for column, values in changes.items():
+        rows[column] = values
+    return rows
+
+
+def test_routers_in_time_read_their_table_and_their_checks_can_fail():
+    from analysis.timing import routers
+
+    errors = pd.DataFrame({"p50_ttft_error": [0.07, -0.03]})
+    text = routers.reading(_router_rows(), errors, 0.05)
+    assert "affinity keeps a first-prefill hit rate of 84.0% against round-robin's 35.0%" in text
+    assert "(21% less)" in text and "smaller than this difference" in text
+    assert "approx-prefix sent every request to one replica" in text and "4.60 s" in text
+    close = routers.reading(_router_rows(ttft_p50_s=[0.019, 0.018, 4.6]), errors, 0.05)
+    assert "the clock cannot tell the two apart" in close
+    assert routers.checks(_router_rows(), 4).assert_all()["holds"].all()
+    for bad in (
+        {"unfinished": [0, 2, 0]},
+        {"load_imbalance_mean": [1.2, 1.3, 3.1]},
+        {"ttft_p50_s": [0.019, 0.03, 0.01]},
+    ):
+        with pytest.raises(AssertionError):
+            routers.checks(_router_rows(**bad), 4).assert_all()

@@ -151,3 +151,32 @@ def load_apart_figure(
     load_ax.set_ylim(0, 1.0)
     fig.tight_layout()
     return fig
+
+
+def routers_in_time_figure(table: pd.DataFrame, slo_ttft_s: float) -> Figure:
+    """Left: each router's median and p90 TTFT (log scale: a collapsed router is seconds where
+    the others are milliseconds). Right: its first-prefill hit rate against its goodput."""
+    rows = table.set_index("router").loc[[r for r in ROUTER_ORDER if r in set(table["router"])]]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    positions = range(len(rows))
+    left.bar([p - 0.2 for p in positions], rows["ttft_p50_s"] * 1e3, width=0.4, label="median")
+    left.bar([p + 0.2 for p in positions], rows["ttft_p90_s"] * 1e3, width=0.4, label="p90")
+    left.axhline(slo_ttft_s * 1e3, color="0.3", linestyle="--", linewidth=1, label="TTFT target")
+    left.set_yscale("log")
+    left.set_xticks(list(positions), rows.index, rotation=30, ha="right")
+    left.set_ylabel("TTFT (ms, log scale)")
+    left.set_title("Time to first token by router")
+    left.legend()
+    for router, row in rows.iterrows():
+        color, marker = ROUTER_STYLES[router]
+        right.scatter(
+            row["hit_rate"], row["goodput_req_s"], color=color, marker=marker, s=60, label=router
+        )
+    right.set_ylim(bottom=0)
+    right.legend(fontsize=8, loc="lower right")  # routers on one point overlap: see the table
+    percent_axis(right, axis="x")
+    right.set_xlabel("first-prefill hit rate (tokens)")
+    right.set_ylabel(f"goodput (requests/s within TTFT {slo_ttft_s * 1e3:.0f} ms)")
+    right.set_title("What the reuse buys")
+    fig.tight_layout()
+    return fig
