@@ -218,13 +218,19 @@ def _run_on_clock(workload, config, model, engine, fast, live, recorder, submit,
     )
     return {
         "scheduler_calls": calls,
-        "clock": {
-            "profile": str(config.clock),
-            "predicts_for": {k: profile.identity.get(k) for k in ("machine", "dtype", "model")},
-            "identity_differences": differences,
-            "seconds": round(clock.now(), 6),
-        },
+        "clock": clock_facts(config, profile, differences, clock.now()),
         "steps_table": steps.frame(),
+    }
+
+
+def clock_facts(config, profile, differences: list[str], seconds: float) -> dict[str, Any]:
+    """What a timed run's manifest says of its clock: the profile, what it predicts for, how
+    it differs from the run (`clock_anyway`), and the seconds the run took on it."""
+    return {
+        "profile": str(config.clock),
+        "predicts_for": {k: profile.identity.get(k) for k in ("machine", "dtype", "model")},
+        "identity_differences": differences,
+        "seconds": round(seconds, 6),
     }
 
 

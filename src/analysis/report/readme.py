@@ -52,6 +52,7 @@ SECTIONS: dict[str, Callable[[Path], str]] = {
     "study-scale": sections.study_scale,
     "study-table": sections.study_table,
     "study-findings": sections.study_findings,
+    "test-times": sections.test_times,
 }
 
 

@@ -507,3 +507,42 @@ def _seed_004(root: Path) -> list[str]:
         f"{full['no_cache']} requests/s, {full['speedup']}x, realized hit rate "
         f"{pct(full['cache_hit_rate'])} ({cite(sweep_at)}).",
     ]
+
+
+# -- how long a fresh `make test` took ----------------------------------------------------------
+
+TEST_TIMES = "data/external/ci/2026-11-26/make-test.csv"
+
+
+def test_times(root: Path) -> str:
+    """A recorded fresh `bash .ci/run`: its phases and slowest notebooks, from the CSV that
+    `python -m analysis durations` wrote at its end (copied here from `reports/`)."""
+    import csv
+
+    from analysis.report.timings import format_seconds
+
+    path = root / TEST_TIMES
+    if not path.is_file():
+        raise SourceError(f"{TEST_TIMES} is missing: copy reports/test-times.csv of a fresh run")
+    with path.open(newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    seconds = {(r["section"], r["name"]): float(r["seconds"]) for r in rows}
+    if ("total", "make test") not in seconds:
+        raise SourceError(f"{TEST_TIMES} has no total: it was not a run of .ci/run")
+    phases = [
+        f"{name} {format_seconds(seconds[('phase', name)])}"
+        for name in ("set-up and ruff", "pytest", "nbval")
+        if ("phase", name) in seconds
+    ]
+    notebooks = [r for r in rows if r["section"] == "notebook"][:4]
+    slowest = ", ".join(
+        f"{r['name'].split('-')[0]} {format_seconds(float(r['seconds']))}" for r in notebooks
+    )
+    first = rows[0]
+    return (
+        f"A fresh `bash .ci/run` (a clone with no `.venv`), recorded {first['recorded'][:10]} on "
+        f"{first['machine']} with {first['cores']} cores, took "
+        f"{format_seconds(seconds[('total', 'make test')])}: {', '.join(phases)}. Its slowest "
+        f"notebooks under nbval: {slowest} (`{TEST_TIMES}`, the table `make test` prints at "
+        "its end).\n"
+    )

@@ -37,7 +37,8 @@ def drive_on_clock(
     progress: Any = None,
 ) -> dict[str, Any]:
     """Run every request to its end; `route(index, step)` places one arrival and returns its
-    replica, `observe()` is called after each replica step (load balance)."""
+    replica, `observe()` is called after each replica step or run of skipped steps (the
+    fleet's load balance, counted per call)."""
     clocks = [VirtualClock() for _ in replicas]
     logs = [StepLog() for _ in replicas]
     for replica, log in zip(replicas, logs, strict=True):

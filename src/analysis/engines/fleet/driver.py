@@ -23,6 +23,7 @@ from analysis.engines.recorder import Recorder
 from analysis.engines.replay import (
     ReplayEngine,
     build_replay_engine,
+    clock_facts,
     last_turn_indices,
     new_request,
     resolved_settings,
@@ -187,12 +188,7 @@ def _run_on_clock(workload, config, model, replicas, live, recorder, route, bala
         observe,
         progress,
     )
-    timed["clock"] = {
-        "profile": str(config.clock),
-        "predicts_for": {k: profile.identity.get(k) for k in ("machine", "dtype", "model")},
-        "identity_differences": differences,
-        "seconds": round(timed.pop("seconds"), 6),
-    }
+    timed["clock"] = clock_facts(config, profile, differences, timed.pop("seconds"))
     return timed
 
 
