@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 from pathlib import Path
 
 from analysis.platform.errors import OutputError
@@ -56,9 +57,15 @@ def ensure_replaceable(folder: str | Path) -> Path:
 
 
 def refuse_file_in_the_way(folder: str | Path) -> None:
-    """`OutputError` when something other than a folder stands where `folder` will go."""
+    """`OutputError` when something other than a folder stands where `folder` will go. One
+    `stat`, not `exists()` then `is_dir()`: another writer's swap may take the folder away
+    between two looks, and a folder missing for a moment is not a file in the way."""
     folder = Path(folder)
-    if folder.exists() and not folder.is_dir():
+    try:
+        mode = folder.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if not stat.S_ISDIR(mode):
         raise output_error(folder, NotADirectoryError(errno.ENOTDIR, "not a folder"))
 
 
