@@ -114,12 +114,15 @@ def _matching_cost(count: int) -> dict[str, float]:
 
     trace = load_trace(traces_dir() / "multi_turn.parquet")
     prompts = [list(map(int, ids)) for ids in trace["prompt_ids"].head(count)]
-    rows = [prefix_match.time_lookups(prompts, 32, kind) for kind in ("radix", "blockhash")]
+    rows = prefix_match.compare_lookup_costs(prompts, 32)  # notebook 11's repeats, alternating
     print(f"\nFinding the cached prefix of {len(prompts)} multi-turn prompts (lookup + store):")
     _print(pd.DataFrame(rows))
-    ratio = rows[0]["us_per_request"] / rows[1]["us_per_request"]
-    print(f"token-level radix tree / vLLM block hashing, time per request: {ratio:.2f}x")
-    return {"radix_over_blockhash_time": ratio}
+    print(prefix_match.lookup_cost_reading(rows))
+    radix = next(row for row in rows if row["kind"] == "radix")
+    return {
+        "radix_over_blockhash_time_min": radix["trie_over_hash_min"],
+        "radix_over_blockhash_time_max": radix["trie_over_hash_max"],
+    }
 
 
 if __name__ == "__main__":

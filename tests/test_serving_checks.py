@@ -224,3 +224,54 @@ def test_the_rule_line_names_the_flagged_cells_it_rests_on():
         "was 256 tokens" in line
         and "flagged for a machine-speed change (256 tokens, 4 clients)" in line
     )
+
+
+def conversation_facts(note: str) -> writeup.Facts:
+    f = facts()
+    f.dilution, f.sweep = [], pd.DataFrame()
+    value = Interval(0.3, 0.27, 0.35)
+    for mode in ("cache", "no_cache"):
+        f.sharegpt[mode] = {
+            key: value for key in ("ttft", "p95_ttft", "tpot", "first_turn", "later_turns")
+        } | {
+            "req_s": Interval(7.4, 7.0, 7.8),
+            "hit_rate": 0.41,
+            "free_running_ideal": 0.41,
+            "odd_repeats": [],
+            "speed_note": note if mode == "cache" else "",
+        }
+    return f
+
+
+def test_the_conversation_lines_carry_the_sharegpt_cells_flag_and_the_check_fails_without_it():
+    note = "speed probe moved during the cell: prefill 9,222 -> 2,424 tok/s"
+    flagged = conversation_facts(note)
+    line = writeup._sharegpt_line(flagged)
+    assert "flagged: the prefill-speed probe moved while caching on ran" in line
+    assert "flagged" not in writeup._sharegpt_line(conversation_facts(""))
+    markdown = "\n".join([*writeup.cell_lines(flagged), line, writeup.pm_sentence(flagged)])
+    holds = failing(serving_checks.decision_checks(flagged, markdown))
+    assert not any(f.startswith(("the conversation lines", "every flagged")) for f in holds)
+    bare = markdown.replace(writeup.sharegpt_flag(flagged), "")
+    fails = failing(serving_checks.decision_checks(flagged, bare))
+    assert any(f.startswith("the conversation lines") for f in fails)
+    claims = writeup.claims_table(flagged).set_index("claim")
+    assert (
+        "flagged"
+        in claims.loc["003: real chat traffic (session trunk reuse) lowers TTFT", "verdict"]
+    )
+
+
+def test_the_tpot_claim_and_a_sections_table_carry_their_flags():
+    note = "speed probe moved during the cell: prefill 1,076 -> 342 tok/s"
+    f = facts({("no_cache", 1024, 4): note})
+    f.sharegpt, f.dilution, f.sweep = {}, [], pd.DataFrame()
+    claims = writeup.claims_table(f).set_index("claim")
+    assert "flagged" in claims.loc["004: caching does not speed up decoding (TPOT)", "verdict"]
+    clean = facts()
+    clean.sharegpt, clean.dilution, clean.sweep = {}, [], pd.DataFrame()
+    tpot = writeup.claims_table(clean).set_index("claim")
+    assert "flagged" not in tpot.loc["004: caching does not speed up decoding (TPOT)", "verdict"]
+    table = pd.DataFrame({"mode": ["cache", "no_cache"], "speed_note": ["", note]})
+    assert "caching off ran" in writeup.table_flag(table)
+    assert writeup.table_flag(table.assign(speed_note="")) == ""

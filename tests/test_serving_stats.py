@@ -325,7 +325,7 @@ def test_repeats_a_few_per_cent_apart_are_not_odd_however_narrow_their_intervals
 def test_the_interval_is_called_95_only_with_enough_repeats():
     assert serving_stats.range_coverage(3) == pytest.approx(0.75)
     assert serving_stats.range_coverage(6) > 0.95 > serving_stats.range_coverage(5)
-    assert serving_stats.interval_label(3) == "bootstrap interval ~ range of 3 repeats"
+    assert serving_stats.interval_label(3) == "two-level bootstrap interval, 3 repeats"
     assert serving_stats.interval_label(6) == "95 % interval"
     note = serving_stats.interval_note(3)
     assert "75%" in note and "not a 95 % interval" in note
@@ -345,7 +345,7 @@ def test_the_interval_is_called_95_only_with_enough_repeats():
         }
     )
     (name,) = [c for c in readable_table(table, ("mean_ttft",)).columns if "TTFT" in c]
-    assert name == "mean TTFT (s), median of 3 repeats [bootstrap interval ~ range of 3 repeats]"
+    assert name == "mean TTFT (s), median of 3 repeats [two-level bootstrap interval, 3 repeats]"
 
 
 def test_the_lookup_cost_reading_says_what_this_run_measured_and_stays_unresolved():

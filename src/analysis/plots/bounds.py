@@ -202,13 +202,15 @@ def _draw_engine(ax, rows: pd.DataFrame, top: float) -> None:
             for k, (x, value) in enumerate(
                 zip(above["num_blocks"], above["all_prefill_rate"], strict=True)
             ):
-                # neighbouring points on the log axis: stagger their values downwards so that
-                # they do not print over one another
+                # under its own triangle (beside it, the next triangle drew over it), staggered
+                # downwards so that neighbouring values on the log axis do not overlap
                 ax.annotate(
                     f"{value:.0%}",
                     (x, top * 0.97),
-                    xytext=(7, -4 - 11 * (k % 3)),
+                    xytext=(0, -12 - 10 * (k % 3)),
                     textcoords="offset points",
+                    ha="center",
+                    va="top",
                     color=RATE_COLORS["all-prefill"],
                     fontsize="small",
                 )

@@ -78,9 +78,11 @@ def _clients(count: int) -> str:
     return f"{count} client{'s' if count != 1 else ''}"
 
 
-# How the serving notebooks flag a cell measured while the machine's speed changed
-# (`analysis.serving.bench_run.speed_note`).
-SPEED_FLAG = re.compile(r"machine speed changed during the cell: prefill ([\d,]+ -> [\d,]+ tok/s)")
+# How the serving notebooks flag a cell whose prefill-speed probe moved while it ran
+# (`analysis.serving.bench_run.speed_note`; older runs worded it "machine speed changed").
+SPEED_FLAG = re.compile(
+    r"(?:machine speed changed|speed probe moved) during the cell: prefill ([\d,]+ -> [\d,]+ tok/s)"
+)
 
 
 def honest_label(label: str, repeats: int) -> str:
@@ -107,14 +109,14 @@ def speed_flags(*rows: Row) -> list[str]:
 
 
 def flagged(*rows: Row) -> str:
-    """`; flagged: machine speed changed during the cell (prefill 794 -> 518 tok/s), not a
-    finding until re-run on a quiet machine`, or "" when no row is flagged."""
+    """`; flagged: the speed probe moved during the cell (prefill 794 -> 518 tok/s), not a
+    finding until re-run`, or "" when no row is flagged."""
     flags = speed_flags(*rows)
     if not flags:
         return ""
     return (
-        f"; flagged: machine speed changed during the cell (prefill {', '.join(flags)}), not "
-        "a finding until re-run on a quiet machine"
+        f"; flagged: the speed probe moved during the cell (prefill {', '.join(flags)}), not "
+        "a finding until re-run"
     )
 
 
@@ -348,11 +350,19 @@ def study_table(root: Path) -> str:
     lines += ["", f"Each value as the notebook prints it ({label}). Source: {cite(syn.at)}."]
     if notes:
         lines[-1] += (
-            " Flagged: the machine's speed changed while the row's cells ran ("
+            " Flagged: the prefill-speed probe moved while the row's cells ran ("
             + "; ".join(notes)
-            + "); the notebook says to re-run them on a quiet machine, so they are no finding."
+            + "); the notebook says to re-run them before quoting them, so they are no finding."
         )
     return "\n".join(lines)
+
+
+def _tpot_ratio(syn: Synthetic, prefix: int, row: Row) -> str:
+    """`18.1159 at 8`, with the cell's speed flag where either mode's row carries one."""
+    clients = int(row["concurrency"])
+    flags = speed_flags(syn.row("cache", prefix, clients), syn.row("no_cache", prefix, clients))
+    shown = f"{row['ratio_off_on']} at {clients}"
+    return f"{shown} (flagged: prefill {', '.join(flags)})" if flags else shown
 
 
 def study_findings(root: Path) -> str:
@@ -391,7 +401,7 @@ def study_findings(root: Path) -> str:
     ratios = [r for r in tpot if r["prefix_regime"] == str(longest)]
     bullets.append(
         f"- TPOT off / on, {longest}-token prefix: "
-        + ", ".join(f"{r['ratio_off_on']} at {r['concurrency']}" for r in ratios)
+        + ", ".join(_tpot_ratio(syn, longest, r) for r in ratios)
         + f" clients ({cite(tpot_at)})."
     )
     on0, off0 = syn.stat("cache", 0, top, "mean_ttft"), syn.stat("no_cache", 0, top, "mean_ttft")

@@ -97,14 +97,17 @@ def prefill_rate(short_ttft: float, long_ttft: float, probe_tokens: int) -> floa
 
 
 def speed_note(before: float, after: float) -> str:
-    """A note when the machine's speed changed beyond `SPEED_CHANGE_BOUND` during a cell."""
+    """A note when the prefill-speed probe moved beyond `SPEED_CHANGE_BOUND` during a cell. It
+    names no cause: one probe of two requests cannot tell load from other jobs from its own
+    noise."""
     if not (math.isfinite(before) and math.isfinite(after)) or before <= 0:
         return ""
     if abs(after / before - 1.0) <= SPEED_CHANGE_BOUND:
         return ""
     return (
-        f"machine speed changed during the cell: prefill {before:,.0f} -> {after:,.0f} tok/s "
-        "(other load; re-run it on a quiet machine)"
+        f"speed probe moved during the cell: prefill {before:,.0f} -> {after:,.0f} tok/s "
+        "(one probe before and one after: other load, or the probe's own noise; re-run the "
+        "cell before quoting it)"
     )
 
 

@@ -193,10 +193,17 @@ def decision_checks(facts: Any, markdown: str) -> Checks:
             clients = writeup.clients_text(facts, "cache", prefix, c)
             start = f"- {prefix}-token shared prefix, {clients}:"
             line = next((x for x in lines if x.startswith(start)), "")
-            quoted += int("machine speed changed" in line)
+            notes = [facts.speed_notes.get((m, prefix, c), "") for m in ("cache", "no_cache")]
+            quoted += int(all(note in line for note in notes))
     # how many cells are flagged depends on the machine's load: only whether all carry it prints
     checks.add(
         "every flagged cell of the write-up is quoted with its flag", True, flagged == quoted
+    )
+    conversation = [x for x in lines if x.startswith(("- Real multi-turn", "- TTFT "))]
+    checks.add(
+        "the conversation lines carry the ShareGPT cells' flag (or none is flagged)",
+        True,
+        all("flagged" in x for x in conversation) if writeup.sharegpt_flag(facts) else True,
     )
     pm = lines[-1] if lines else ""
     longest = max(s.prefixes)

@@ -1,4 +1,5 @@
-"""A measured value with its 95 % interval, and the one rule that says whether two such values
+"""A measured value with its interval (the serving tables' two-level bootstrap over the repeats;
+`stats.interval_label` names its coverage), and the one rule that says whether two such values
 differ: every table, claim row and sentence of the serving study asks `compare`, so two places
 cannot call the same pair of cells "higher beyond noise" and "not distinguishable".
 
@@ -25,7 +26,7 @@ VERDICT_TEXT: dict[str, str] = {
 
 @dataclass(frozen=True)
 class Interval:
-    """A statistic and its 95 % interval (NaN bounds: no interval, e.g. one value)."""
+    """A statistic and its interval (NaN bounds: no interval, e.g. one value)."""
 
     value: float
     low: float = math.nan
@@ -50,7 +51,7 @@ class Interval:
 
 
 def compare(a: Interval, b: Interval) -> Verdict:
-    """`a` against `b`: "lower" or "higher" only when their 95 % intervals do not overlap;
+    """`a` against `b`: "lower" or "higher" only when their intervals do not overlap;
     values without intervals are never told apart."""
     if not (a.has_bounds and b.has_bounds):
         return "not distinguishable"

@@ -362,8 +362,11 @@ def long_prefill_reading(table: pd.DataFrame) -> str:
     cached = table.loc["cache-round2"]
     products = cached * cached.index
     shown = ", ".join(f"{v:.2f} at {k:g}" for k, v in products.items())
+    lengths = products.index.max() / products.index.min()
     return (
         f"Requests/s x output length in the cached round: {shown} output tokens "
-        f"({products.max() / products.min():.1f}x from lowest to highest); throughput ~ "
-        f"1/output length: {verdict}."
+        f"({products.max() / products.min():.1f}x from lowest to highest, over a {lengths:g}x "
+        f"range of output lengths); throughput ~ 1/output length: {verdict} (the rule: "
+        f"reproduced when that product moves less than {LONG_PREFILL_FLAT:g}x, else only "
+        "roughly)."
     )

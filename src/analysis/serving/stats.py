@@ -54,10 +54,12 @@ def range_coverage(repeats: int) -> float:
 
 def interval_label(repeats: int) -> str:
     """How a table names the across-repeat interval: `95 % interval` only where the repeats
-    are enough for that coverage, else what it is, `bootstrap interval ~ range of 3 repeats`."""
+    are enough for that coverage, else what it is, `two-level bootstrap interval, 3 repeats`
+    (not "the range of the repeats": resampling the requests within each repeat too can widen
+    it well past three equal repeat values)."""
     if repeats >= REPEATS_FOR_95:
         return "95 % interval"
-    return f"bootstrap interval ~ range of {repeats} repeats"
+    return f"two-level bootstrap interval, {repeats} repeats"
 
 
 def interval_note(repeats: int) -> str:

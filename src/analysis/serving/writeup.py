@@ -37,6 +37,8 @@ __all__ = [
     "dilution_verdict",
     "mixture_reading",
     "mixture_title",
+    "sharegpt_flag",
+    "table_flag",
 ]
 
 # Seed 003's rule of thumb, quoted (section 9): enable caching from about 1K shared tokens
@@ -128,6 +130,7 @@ def collect(
                 "free_running_ideal": float(row["predicted_hit_rate"]),
                 "run_id": row["run_id"],
                 "odd_repeats": list(row.get("outlier_repeats") or []),
+                "speed_note": str(row.get("speed_note") or ""),
             }
     if len(facts.sharegpt) == 2:
         facts.mixture = serving_stats.token_mixture_test(
@@ -189,7 +192,7 @@ def _caveats(facts: Facts, prefix: Any, concurrency: int) -> str:
 
 
 def flagged_modes(facts: Facts, prefix: Any, concurrency: int) -> list[str]:
-    """The modes ("on", "off") of a cell measured while the machine's speed changed."""
+    """The modes ("on", "off") of a cell whose prefill-speed probe moved while it ran."""
     return [
         "on" if mode == "cache" else "off"
         for mode in ("cache", "no_cache")
@@ -198,13 +201,40 @@ def flagged_modes(facts: Facts, prefix: Any, concurrency: int) -> list[str]:
 
 
 def flag(facts: Facts, prefix: Any, concurrency: int) -> str:
-    """` (flagged: ...)` for a cell whose machine speed changed while it ran, else ""."""
-    modes = flagged_modes(facts, prefix, concurrency)
+    """` (flagged: ...)` for a cell whose speed probe moved while it ran, else ""."""
+    return modes_flag(flagged_modes(facts, prefix, concurrency))
+
+
+def modes_flag(modes: list[str]) -> str:
+    """` (flagged: ...)` naming the modes ("on", "off") whose speed probe moved, else ""."""
     if not modes:
         return ""
     return (
-        f" (flagged: the machine's speed changed while caching {' and '.join(modes)} ran; "
-        "re-run it on a quiet machine before quoting it)"
+        f" (flagged: the prefill-speed probe moved while caching {' and '.join(modes)} ran; "
+        "re-run it before quoting it)"
+    )
+
+
+def table_flag(table: pd.DataFrame) -> str:
+    """The flag of a section's table (one row per mode) whose `speed_note` marks a mode."""
+    notes = table.get("speed_note", pd.Series([""] * len(table), index=table.index))
+    return modes_flag(
+        [
+            "on" if mode == "cache" else "off"
+            for mode, note in zip(table["mode"], notes.fillna(""), strict=True)
+            if note
+        ]
+    )
+
+
+def sharegpt_flag(facts: Facts) -> str:
+    """The flag of the ShareGPT cells (either mode), else ""."""
+    return modes_flag(
+        [
+            "on" if mode == "cache" else "off"
+            for mode in ("cache", "no_cache")
+            if facts.sharegpt.get(mode, {}).get("speed_note")
+        ]
     )
 
 
@@ -261,7 +291,7 @@ def _sharegpt_line(facts: Facts) -> str:
         f"({verdict_text(on['ttft'], off['ttft'])}); first turns {on['first_turn'].text()} vs "
         f"{off['first_turn'].text()}, later turns {on['later_turns'].text()} vs "
         f"{off['later_turns'].text()}; {on['req_s'].text('req/s', 2)} vs "
-        f"{off['req_s'].text('req/s', 2)}."
+        f"{off['req_s'].text('req/s', 2)}{sharegpt_flag(facts)}."
     )
     for mode in ("cache", "no_cache"):
         odd = serving_stats.odd_repeats_text(
@@ -365,17 +395,18 @@ def _mixture_why(m: dict[str, float]) -> str:
     )
 
 
-def _mixture_line(m: dict[str, float]) -> str:
+def _mixture_line(m: dict[str, float], flag: str = "") -> str:
     measured = Interval(m["measured_ttft_s"], m["measured_lo_s"], m["measured_hi_s"])
     return (
         f"- {mixture_title(m)}: on the conversations, a + b x (1 - h_i) x prompt_i (fitted on "
         f"the caching-off requests) predicts {m['predicted_ttft_s']:.3f} s, measured "
-        f"{measured.text()} ({_mixture_why(m)})."
+        f"{measured.text()} ({_mixture_why(m)}){flag}."
     )
 
 
-def mixture_reading(m: dict[str, float]) -> str:
-    """Notebook 10's reading of the per-request model, from the fit."""
+def mixture_reading(m: dict[str, float], flag: str = "") -> str:
+    """Notebook 10's reading of the per-request model, from the fit; `flag`: the
+    conversation cells' (`table_flag`) when their speed probe moved."""
     measured = Interval(m["measured_ttft_s"], m["measured_lo_s"], m["measured_hi_s"])
     return (
         f"**{mixture_title(m)}.** Fitted on the caching-off requests, TTFT = a + b x prompt "
@@ -383,7 +414,7 @@ def mixture_reading(m: dict[str, float]) -> str:
         f"{m['prefill_s_per_1k_tokens']:.3f} s per 1,000 tokens. With each request's own hit "
         f"share (token hit rate {m['token_hit_rate']:.1%}), the line predicts a mean TTFT of "
         f"{m['predicted_ttft_s']:.3f} s with caching on; measured {measured.text()} (median of "
-        f"the repeats' means): {_mixture_why(m)}."
+        f"the repeats' means): {_mixture_why(m)}{flag}."
     )
 
 
@@ -447,7 +478,7 @@ def decision_markdown(facts: Facts) -> str:
         "cached_tokens` (with `--enable-prompt-tokens-details`)."
     )
     if facts.mixture:
-        lines.append(_mixture_line(facts.mixture))
+        lines.append(_mixture_line(facts.mixture, sharegpt_flag(facts)))
     for d in facts.dilution:
         lines.append(
             f"- Mixed traffic, f = {d['eligible_share']:.2f} eligible: measured hit share h = "
@@ -561,7 +592,8 @@ def claims_table(facts: Facts) -> pd.DataFrame:
             "004: caching does not speed up decoding (TPOT)",
             f"c={low_c}: {on_t.text()} vs {off_t.text()}; c={high_c}: {on_th.text()} vs "
             f"{off_th.text()}",
-            f"alone: {alone}; under load: {loaded} (queued prefills)",
+            f"alone: {alone}; under load: {loaded} (queued prefills)"
+            f"{flag(facts, longest, low_c) or flag(facts, longest, high_c)}",
         )
     short = min(p for p in s.prefixes if p > 0)
     on_s, off_s = on_off(facts.ttft, short, low_c)
@@ -588,7 +620,7 @@ def claims_table(facts: Facts) -> pd.DataFrame:
             "003: real chat traffic (session trunk reuse) lowers TTFT",
             f"hit rate {a['hit_rate']:.1%} (free-running): {a['ttft'].text()} vs "
             f"{b['ttft'].text()}",
-            "reproduced" if verdict == "lower" else VERDICT_TEXT[verdict],
+            ("reproduced" if verdict == "lower" else VERDICT_TEXT[verdict]) + sharegpt_flag(facts),
         )
     for pattern, rate in facts.patterns.items():
         if pattern.startswith(THRASH):
@@ -598,7 +630,8 @@ def claims_table(facts: Facts) -> pd.DataFrame:
                 "thrashes: almost nothing reused" if rate < THRASH_HIT_RATE else "partly reused",
             )
         elif pattern != "one shared prefix":
-            add(f"003 anti-pattern: {pattern}", f"hit rate {rate:.1%}", "each new prefix misses")
+            misses = "each new prefix misses" if rate < THRASH_HIT_RATE else "partly reused"
+            add(f"003 anti-pattern: {pattern}", f"hit rate {rate:.1%}", misses)
     if not facts.sweep.empty:
         top = facts.sweep.iloc[-1]
         on_q = Interval(top["cache"], top["cache_lo"], top["cache_hi"])
