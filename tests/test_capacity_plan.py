@@ -482,3 +482,19 @@ def test_the_target_check_can_fail_with_and_without_a_point_below():
     not_minimum = EngineSearch(True, 850, 0.5, None, 0.8)  # no point below, yet not the fewest
     assert not target_check("t", points, not_minimum, 0.4)[3]
     assert not target_check("t", points, at_minimum, 0.1)[3]
+
+
+def test_the_order_check_fails_where_engine_order_needs_fewer_blocks_or_never_reaches():
+    from types import SimpleNamespace
+
+    from analysis.sweeps.capacity_reading import order_check
+
+    def plan(in_trace, in_engine):
+        blocks = {"trace": in_trace, "engine": in_engine}
+        return SimpleNamespace(lru_blocks_for=lambda share, order: blocks[order])
+
+    claim, oracle, measured, holds = order_check("multi_turn", plan(73, 1173), 0.9)
+    assert holds and oracle == ">= 73" and measured == 1173 and "90%" in claim
+    assert order_check("t", plan(417, 417), 0.9)[3]
+    assert not order_check("t", plan(1173, 73), 0.9)[3]
+    assert not order_check("t", plan(73, None), 0.9)[3]

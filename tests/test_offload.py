@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 
 from analysis.engines.config import RunConfig
@@ -133,6 +134,15 @@ def test_the_offload_table_reading_and_checks():
     wrong.loc[0, "stored_blocks"] = 1
     failed = [c.claim for c in offload_checks(wrong).items if not c.holds]
     assert failed == ["0x (no connector): no block stored or loaded"]
+    # the plateau the reading names can fail: a middle size 2 points above the largest
+    bump = table.copy()
+    bump.attrs = table.attrs
+    bump.loc[1, "total"] = table.loc[2, "total"] + 0.005
+    bump.loc[2, "total"] = table.loc[2, "total"] - 0.02
+    bump = pd.concat([bump, bump.iloc[[2]].assign(multiple=8, total=table.loc[2, "total"])])
+    bump.attrs = table.attrs
+    failed = [c.claim for c in offload_checks(bump).items if not c.holds]
+    assert any(f.startswith("from 1x on, every CPU size's total") for f in failed), failed
 
 
 def test_the_offload_figure_shows_the_replies_stored_run():

@@ -146,12 +146,29 @@ def target_check(
     )
 
 
+def order_check(label: str, plan: Any, share_of_ideal: float) -> tuple[str, Any, Any, bool]:
+    """The reading's headline: LRU in the engine's admission order (clients interleaved) needs
+    no fewer blocks than in trace order, so a bound taken in trace order undersizes the cache.
+    Returns `Checks.add`'s arguments (`holds` False where either order never reaches it)."""
+    in_trace = plan.lru_blocks_for(share_of_ideal, "trace")
+    in_engine = plan.lru_blocks_for(share_of_ideal, "engine")
+    return (
+        f"{label}: LRU keeps {share_of_ideal:.0%} of the ideal with no fewer blocks in the "
+        "engine's order than in trace order",
+        f">= {in_trace}",
+        in_engine,
+        in_trace is not None and in_engine is not None and in_engine >= in_trace,
+    )
+
+
 def plan_checks(
     plans: Mapping[str, CapacityPlan],
     answers: Iterable[tuple[str, TargetAnswer]],
     blockhash_pair: tuple[Any, Any] | None = None,
+    share_of_ideal: float | None = None,
 ):
-    """The claims notebook 14 makes, each against an independent computation."""
+    """The claims notebook 14 makes, each against an independent computation (with
+    `share_of_ideal`, the reading's trace-order against engine-order LRU too)."""
     from analysis.metrics import bounds
     from analysis.metrics.cached_tokens import cached_tokens_table
     from analysis.metrics.hitrates import first_prefill
@@ -184,6 +201,9 @@ def plan_checks(
             if not search.reached:
                 continue
             checks.add(*target_check(label, plan.points, search, rate))
+    if share_of_ideal is not None:
+        for label, plan in plans.items():
+            checks.add(*order_check(label, plan, share_of_ideal))
     layouts = {
         (a.model, a.kv_cache_dtype, plans[label].trace.block_size, a.bytes_per_block)
         for label, a in answers

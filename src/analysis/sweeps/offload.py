@@ -428,6 +428,16 @@ def offload_checks(table: pd.DataFrame) -> Checks:
             round(float(with_cpu["total"].min()), 4),
             bool((with_cpu["total"] >= rows["total"].iloc[0]).all()),
         )
+    if len(rows) > 1:
+        flat, top = flat_from(rows), float(rows["total"].iloc[-1])
+        plateau = rows[rows["multiple"] >= flat["multiple"]]["total"]
+        checks.add(
+            f"from {int(flat['multiple'])}x on, every CPU size's total is within "
+            f"{100 * FLAT_TOLERANCE:.0f} point of the largest's (where the reading says more CPU "
+            "stops helping)",
+            True,
+            bool((plateau - top).abs().le(FLAT_TOLERANCE + 1e-12).all()),
+        )
     hits, ideal = attrs["hit_tokens"], attrs["ideal_hit_tokens"]
     replied = [attrs["replies_stored"]["hit_tokens"]] if "replies_stored" in attrs else []
     most = max([*hits.values(), *replied])
