@@ -86,14 +86,25 @@ JUNIT := reports/junit
 NBVAL_PYTEST := PREFIX_CACHE_LAB_FIGURES=reports/nbval-figures $(VENV)/bin/pytest --nbval \
   --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout 1200 \
   -p no:cacheprovider --durations=15 --junitxml=$(JUNIT)/nbval.xml notebooks
+# `make test` runs nbval beside pytest: pytest's tests wait on servers, engines and processes
+# for much of their time, leaving the cores idle, which the notebooks fill. Its
+# log is printed when both have ended (follow it live with `tail -f`). A background job starts
+# with Ctrl-C ignored: on Ctrl-C the recipe sends nbval SIGTERM, which notebooks/conftest.py
+# turns into the same stop.
+NBVAL_LOG := $(JUNIT)/nbval.log
 
 .PHONY: test
-test: setup $(VENV)/.installed-extra-ray ## ruff + pytest (real vLLM and Ray included) + nbval, then where the time went
+test: setup $(VENV)/.installed-extra-ray ## ruff + pytest (real vLLM and Ray included) beside nbval, then where the time went
 	$(MAKE) --no-print-directory lint
 	rm -f $(JUNIT)/pytest.xml $(JUNIT)/nbval.xml
-	rc=0; $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --durations=15 \
+	mkdir -p $(JUNIT)
+	rc=0; echo "nbval runs beside pytest; its log: $(NBVAL_LOG)"; \
+	  $(NBVAL_PYTEST) > $(NBVAL_LOG) 2>&1 & nbval=$$!; \
+	  trap 'kill -TERM $$nbval 2>/dev/null || true' INT TERM; \
+	  $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --durations=15 \
 	    --junitxml=$(JUNIT)/pytest.xml || rc=$$?; \
-	  if [ $$rc -eq 0 ]; then $(NBVAL_PYTEST) || rc=$$?; fi; \
+	  wait $$nbval || rc=$$?; \
+	  echo "---- nbval (it ran beside pytest) ----"; cat $(NBVAL_LOG); \
 	  $(PY) -m analysis durations test; exit $$rc
 
 .PHONY: nbval
