@@ -514,3 +514,99 @@ router = ["affinity", "precise-prefix"]
         pd.testing.assert_frame_equal(
             a.admissions.drop(columns="time_s"), b.admissions.drop(columns="time_s")
         )
+
+
+def headline_table() -> pd.DataFrame:
+    """A fleet table on which every reading of notebook 13 holds (1,200 blocks, ideal 0.8)."""
+    routers = ["round-robin", "affinity", "affinity-cap1.25", "approx-prefix", "precise-prefix"]
+    two = {
+        "round-robin": 0.40,
+        "affinity": 0.55,
+        "affinity-cap1.25": 0.54,
+        "approx-prefix": 0.30,
+        "precise-prefix": 0.56,
+    }
+    points = [("one-engine", 1, c, "least-loaded", d) for c, d in ((8, 0.78), (16, 0.6), (32, 0.5))]
+    points += [("routers", 1, 8, r, 0.78) for r in routers]
+    points += [("routers", 2, 16, r, two[r]) for r in routers]
+    points += [
+        ("clients32", 2, 32, "precise-prefix", 0.45),
+        ("clients32", 2, 32, "round-robin", 0.35),
+    ]
+    points += [
+        ("clients32", 4, 32, "precise-prefix", 0.40),
+        ("clients32", 4, 32, "round-robin", 0.3),
+    ]
+    points += [
+        ("beta", 2, 16, f"prefix-load-beta{b}", d)
+        for b, d in (("0", 0.5), ("0.5", 0.6), ("1", 0.55))
+    ]
+    table = fleet_rows(points)
+    table["routed_ideal"] = 0.795
+    table.loc[(table["router"] == "round-robin") & (table["replicas"] == 2), "routed_ideal"] = 0.7
+    table["load_imbalance_mean"] = 1.0
+    approx = table["router"] == "approx-prefix"
+    table.loc[approx, "load_imbalance_mean"] = table.loc[approx, "replicas"].astype(float)
+    table.loc[(table["router"] == "affinity") & (table["replicas"] == 2), "load_imbalance_mean"] = (
+        1.5
+    )
+    capped = (table["router"] == "affinity-cap1.25") & (table["replicas"] == 2)
+    table.loc[capped, "load_imbalance_mean"] = 1.1
+    return table
+
+
+def test_notebook_13s_headline_checks_hold_and_each_fails_on_a_wrong_table():
+    from analysis.sweeps.fleet import fleet_checks
+
+    table = headline_table()
+    fleet_checks(table).assert_all()
+
+    def where(series, replicas, router):
+        return (
+            (table["series"] == series)
+            & (table["replicas"] == replicas)
+            & (table["router"] == router)
+        )
+
+    broken = {
+        "one engine delivers no more than the ideal": (
+            where("one-engine", 1, "least-loaded"),
+            "delivered",
+            0.85,
+        ),
+        "2 replicas, 16 clients: the load costs more than splitting": (
+            (table["series"] == "one-engine") & (table["concurrency"] == 16),
+            "delivered",
+            0.75,
+        ),
+        "32 clients: splitting costs more at 4": (
+            where("clients32", 4, "precise-prefix"),
+            "delivered",
+            0.48,
+        ),
+        "32 clients: a router reading KV events is best": (
+            where("clients32", 2, "round-robin"),
+            "delivered",
+            0.47,
+        ),
+        "approx-prefix sends every request to one replica": (
+            where("routers", 2, "approx-prefix"),
+            "load_imbalance_mean",
+            1.5,
+        ),
+        "the load cap lowers affinity's load imbalance": (
+            where("routers", 2, "affinity-cap1.25"),
+            "load_imbalance_mean",
+            1.6,
+        ),
+        "the best beta lies strictly between": (
+            where("beta", 2, "prefix-load-beta1"),
+            "delivered",
+            0.7,
+        ),
+    }
+    for claim, (rows, column, value) in broken.items():
+        wrong = table.copy()
+        wrong.loc[rows, column] = value
+        failed = [c.claim for c in fleet_checks(wrong).items if not c.holds]
+        assert any(f.startswith(claim) for f in failed), (claim, failed)

@@ -310,3 +310,17 @@ def test_truncate_through_a_model_is_refused(model_folder, tmp_path, capsys):
     err = one_line(capsys, code)
     assert "policy 'truncate'" in err and "--policy exclude" in err
     assert not out.exists()
+
+
+def test_the_reasoning_drop_check_fails_when_the_drop_is_within_a_preambles_move():
+    import pandas as pd
+
+    from analysis.metrics.template_reuse import reasoning_drop_check
+
+    ideals = {"llama3": 0.530, "llama3.2": 0.533, "chatml": 0.534, "chatml-reasoning": 0.283}
+    table = pd.DataFrame({"template": list(ideals), "multi_ideal": list(ideals.values())})
+    claim, oracle, holds = reasoning_drop_check(table)
+    assert holds and "(25.1% vs 0.3%)" in claim
+    close = table.assign(multi_ideal=[0.530, 0.560, 0.534, 0.520])  # a 1.4-point drop, 3 moved
+    assert not reasoning_drop_check(close)[2]
+    assert reasoning_drop_check(table[table["template"] != "llama3"]) is None

@@ -68,3 +68,22 @@ def template_reading(table: pd.DataFrame) -> str:
             )
         )
     return " ".join(text)
+
+
+def reasoning_drop_check(table: pd.DataFrame) -> tuple[str, bool, bool] | None:
+    """Notebook 15's claim that dropping earlier reasoning (Qwen3's template, `chatml-reasoning`)
+    costs multi-turn reuse: its ideal falls below ChatML's by more than a preamble alone moves
+    the ideal (Llama 3.0 against 3.2, which differ only in their system preamble), since Qwen3's
+    template also lacks Qwen2.5's default system message. `Checks.add`'s arguments, or None
+    where the four templates did not all run."""
+    rows = table.set_index("template")
+    if not {"chatml", "chatml-reasoning", "llama3", "llama3.2"} <= set(rows.index):
+        return None
+    drop = rows.loc["chatml", "multi_ideal"] - rows.loc["chatml-reasoning", "multi_ideal"]
+    preamble = abs(rows.loc["llama3.2", "multi_ideal"] - rows.loc["llama3", "multi_ideal"])
+    return (
+        "reasoning dropped: multi-turn ideal falls by more than a preamble moves it "
+        f"({drop:.1%} vs {preamble:.1%})",
+        True,
+        bool(drop > preamble),
+    )
