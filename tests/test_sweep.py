@@ -49,6 +49,16 @@ concurrency = [1, 8]
     assert {p.config.concurrency for p in points} == {1, 8}
 
 
+def test_a_single_trace_engine_block_size_or_block_count_may_be_written_bare(tmp_path):
+    body = "[[series]]\nname='s'\ntraces='multi_turn'\nengines='replay'\nblock_sizes=16\n"
+    (point,) = sweeps.grid_points(write_grid(tmp_path, body + "num_blocks=600\n"))
+    assert (point.config.trace, point.config.block_size, point.config.num_blocks) == (
+        "multi_turn",
+        16,
+        600,
+    )
+
+
 def test_grid_max_uses_the_budget(tmp_path):
     path = write_grid(
         tmp_path,
@@ -81,6 +91,9 @@ num_blocks = "max"
         ),
         ("not = [valid", "not valid TOML"),
         ("[base]\nlimit = 3\n", r"no \[\[series\]\]"),
+        ("[series.s]\ntraces=['a']\n", r"`series` must be an array of tables"),
+        ("series = 'x'\n", r"`series` must be an array of tables"),
+        ("base = 5\n[[series]]\nname='x'\n", r"`base` must be a \[base\] table"),
     ],
 )
 def test_bad_grids_say_what_is_wrong(tmp_path, body, message):

@@ -74,7 +74,27 @@ def load_grid(name_or_path: str | Path) -> dict[str, Any]:
         raise GridError(f"{path}: not valid TOML ({exc})") from exc
     if not grid.get("series"):
         raise GridError(f"{path}: no [[series]] table")
+    series = grid["series"]
+    if not (isinstance(series, list) and all(isinstance(s, dict) for s in series)):
+        raise GridError(
+            f"{path}: `series` must be an array of tables, each written [[series]] "
+            f"(got {type(series).__name__}: {series!r:.60})"
+        )
+    if not isinstance(grid.get("base", {}), dict):
+        raise GridError(f"{path}: `base` must be a [base] table (got {grid['base']!r:.60})")
     return grid
+
+
+LISTED_KEYS = ("traces", "engines", "block_sizes")
+
+
+def _listed(series: dict[str, Any]) -> dict[str, Any]:
+    """The series with a single trace, engine or block size written bare (`block_sizes = 16`)
+    taken as a list of one, as a single number of blocks is (`num_blocks = 600`)."""
+    listed = {k: v if isinstance(v, list) else [v] for k, v in series.items() if k in LISTED_KEYS}
+    if isinstance(series.get("num_blocks"), int):
+        listed["num_blocks"] = [series["num_blocks"]]
+    return series | listed
 
 
 def grid_points(name_or_path: str | Path, block_budget=None) -> list[Point]:
@@ -91,7 +111,7 @@ def grid_points(name_or_path: str | Path, block_budget=None) -> list[Point]:
     base = dict(grid.get("base", {}))
     budget = block_budget or no_pressure_blocks
     points = []
-    for series in grid["series"]:
+    for series in map(_listed, grid["series"]):
         missing = SERIES_KEYS - set(series)
         if missing:
             raise GridError(f"series {series.get('name')!r} lacks {', '.join(sorted(missing))}")
