@@ -502,6 +502,12 @@ def _zero_share(outputs: Outputs) -> tuple[Stat, str, list[Source]]:
     zero = Stat(found.group(1), found.group(2), found.group(3))
     sweep, sweep_at = outputs.table("fraction", "cache", "no_cache")
     verdict = overhead_verdict(zero.interval, [float(r["no_cache"]) for r in sweep])
+    printed = found.group(4).strip().rstrip(".")
+    if printed and printed not in verdict and verdict not in printed:
+        verdict += (
+            f" by today's rule (the notebook, executed under an earlier one, printed "
+            f'"{printed}"; `make study` re-runs it)'
+        )
     return zero, verdict, [at, sweep_at]
 
 
