@@ -275,3 +275,30 @@ def test_the_tpot_claim_and_a_sections_table_carry_their_flags():
     table = pd.DataFrame({"mode": ["cache", "no_cache"], "speed_note": ["", note]})
     assert "caching off ran" in writeup.table_flag(table)
     assert writeup.table_flag(table.assign(speed_note="")) == ""
+
+
+def test_anti_pattern_checks_hold_on_the_misses_a_warm_cache_gives_and_fail_otherwise():
+    from analysis.serving.loadgen import new_prefixes
+
+    assert [new_prefixes(16), new_prefixes(16, 4), new_prefixes(16, 1, 4)] == [0, 3, 3]
+    assert new_prefixes(16, 4, 8) == 7  # two versions of 4 variants, less the warmed one
+    prompt = 1024 + SUFFIX
+    patterns = pd.DataFrame(
+        {
+            "pattern": ["one shared prefix", "4 distinct prefixes", "thrash: 43 distinct"],
+            "prefix_regime": ["1024"] * 3,
+            "repeats": [3, 3, 3],
+            "n_ok": [48, 48, 258],
+            "new_prefixes": [0, 3, None],
+            "prefix_cache_hits": [48 * 1024, 39 * 1024, 3 * 1024],
+            "prefix_cache_queries": [48 * prompt, 48 * prompt, 258 * prompt],
+            "n_timeout": [0, 0, 0],
+            "n_error": [0, 0, 0],
+            "n_not_sent": [0, 0, 0],
+        }
+    )
+    assert failing(serving_checks.anti_pattern_checks(patterns, SUFFIX, BLOCK)) == []
+    wrong = patterns.assign(prefix_cache_hits=[48 * 1024, 40 * 1024, 0])  # one miss too few
+    assert failing(serving_checks.anti_pattern_checks(wrong, SUFFIX, BLOCK))[0].startswith(
+        "anti-patterns: each new prefix misses once"
+    )

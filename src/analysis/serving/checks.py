@@ -159,6 +159,28 @@ def sweep_checks(
     return checks
 
 
+def anti_pattern_checks(patterns: pd.DataFrame, suffix_tokens: int, block_size: int) -> Checks:
+    """Notebook 08's anti-patterns (caching on, one client): each prefix the warm-up did not send
+    misses once per repeat and every other request hits its prefix's full blocks; the thrash
+    case, which LRU evicts, has no `new_prefixes` and is left out."""
+    checks = Checks()
+    rows = patterns[patterns["new_prefixes"].notna()]
+    exact = 0
+    for row in rows.itertuples():
+        prefix = int(row.prefix_regime)
+        hitting = row.n_ok - int(row.new_prefixes) * int(row.repeats)
+        full = shared_block_tokens(prefix, prefix + suffix_tokens, block_size)
+        exact += int(row.prefix_cache_hits == hitting * full)
+    checks.add(
+        "anti-patterns: each new prefix misses once per repeat, every other request hits its "
+        f"prefix's full blocks (patterns, of {len(rows)})",
+        len(rows),
+        exact,
+    )
+    checks.add("anti-patterns: no request timed out, failed or went unsent", 0, _failed(patterns))
+    return checks
+
+
 def decision_checks(facts: Any, markdown: str) -> Checks:
     """Notebook 12: the write-up's inputs (`writeup.Facts`) and the write-up itself
     (`writeup.decision_markdown`)."""

@@ -246,9 +246,12 @@ def anti_pattern_section(
     pair: serving.ServerPair, study: StudyParams, *, force: bool = False
 ) -> Any:
     """Caching on, one client, the longest prefix: prefixes cycling over 4 variants, and a
-    prefix that changes every 4 requests (churn). Each new prefix misses once. With
+    prefix that changes every 4 requests (churn). Each new prefix misses once (`new_prefixes`
+    per repeat, a column of the table). With
     `study.thrash`, also K distinct prefixes twice the KV pool, round robin over two rounds:
     LRU evicts every prefix before its turn comes again, so the second round misses too."""
+    from analysis.serving import loadgen
+
     prefix = max(study.prefixes)
     patterns: list[tuple[str, dict[str, Any]]] = [
         ("one shared prefix", {}),
@@ -272,7 +275,13 @@ def anti_pattern_section(
             **({"requests": 16} | changes),
         )
         table = serving.run_serving_bench(config, servers=pair, force=force, progress=False)
-        rows.append(table.assign(pattern=label))
+        # the misses a cache that evicts nothing would give (the thrash case evicts: None)
+        fresh = None
+        if not label.startswith(THRASH):
+            fresh = loadgen.new_prefixes(
+                config.requests, config.distinct_prefixes, config.churn_every
+            )
+        rows.append(table.assign(pattern=label, new_prefixes=fresh))
     import pandas as pd
 
     return pd.concat(rows, ignore_index=True)

@@ -34,6 +34,7 @@ from analysis.serving.loadgen.workloads import (
     ORDINARY_ID_RANGE,
     ShareGPTWorkload,
     cacheable_tokens,
+    new_prefixes,
     ordinary_ids,
     predicted_ttft_saving,
     prefix_sweep_prompts,
@@ -63,5 +64,6 @@ __all__ = [
     "run_closed_loop",
     "sharegpt_workload",
     "summarize_requests",
+    "new_prefixes",
     "synthetic_prefix_workload",
 ]

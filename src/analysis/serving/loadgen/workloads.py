@@ -127,6 +127,15 @@ def synthetic_prefix_workload(
     return specs
 
 
+def new_prefixes(num_requests: int, distinct_prefixes: int = 1, churn_every: int = 0) -> int:
+    """How many prefixes of `synthetic_prefix_workload`'s measured requests the warm-up did not
+    send first: each misses once, on its first request (in a cache that evicts nothing)."""
+    keys = {
+        (m // churn_every if churn_every else 0, m % distinct_prefixes) for m in range(num_requests)
+    }
+    return len(keys - {(0, 0)})
+
+
 def cacheable_tokens(prompt_tokens: int, shared_tokens: int, block_size: int) -> int:
     """Tokens of a prompt that vLLM can serve from cache: full shared blocks, never the last
     prompt token (`max_cache_hit_length = num_tokens - 1`)."""
