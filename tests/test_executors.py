@@ -300,3 +300,46 @@ def test_a_point_gives_the_same_result_inline_through_notebook_03_and_on_ray(
             sweeps.result_folder(point, every_field_inline),
             sweeps.result_folder(point, tmp_path / "data" / "results"),
         )
+
+
+def test_a_sweep_worker_leaves_ctrl_c_to_the_sweep():
+    """A worker interrupted inside the pool's queue handling could die holding the queue's lock
+    and hang the sweep at exit (probe 5.7): workers ignore SIGINT, the sweep ends them."""
+    with executors.worker_pool(1) as pool:
+        assert pool.submit(signal.getsignal, signal.SIGINT).result(timeout=300) == signal.SIG_IGN
+
+
+def test_ctrl_c_to_a_sweeps_process_group_ends_the_sweep_and_its_workers(grid, tmp_path):
+    """Probe 5.7's recipe: Ctrl-C reaches the whole process group of `sweep --workers 2` while
+    its workers start or compute; the sweep ends (rc 130) and leaves no process behind."""
+    import subprocess
+
+    import psutil
+
+    env = os.environ | {"PREFIX_CACHE_LAB_ROOT": str(tmp_path)}
+    command = [sys.executable, "-m", "analysis", "sweep", "--grid", str(grid), "--workers", "2"]
+    sweep = subprocess.Popen(
+        command,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and sweep.poll() is None:
+        children = psutil.Process(sweep.pid).children()
+        if sum("spawn_main" in " ".join(c.cmdline()) for c in children) == 2:
+            break
+        time.sleep(0.2)
+    os.killpg(sweep.pid, signal.SIGINT)
+    assert sweep.wait(timeout=120) == 130, sweep.stderr.read()
+    time.sleep(1)
+    left = []
+    for process in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(process.pid) == sweep.pid and process.status() != psutil.STATUS_ZOMBIE:
+                left.append(process.pid)
+        except (ProcessLookupError, psutil.Error):
+            continue
+    assert left == []

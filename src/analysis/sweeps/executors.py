@@ -164,14 +164,35 @@ def worker_pool(workers: int) -> ProcessPoolExecutor:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    from analysis.platform.processes import die_with_parent
-
     return ProcessPoolExecutor(
         workers,
         mp_context=multiprocessing.get_context("spawn"),
-        initializer=die_with_parent,
+        initializer=start_worker,
         initargs=(os.getpid(),),
     )
+
+
+def start_worker(parent_pid: int) -> None:
+    """A sweep worker leaves Ctrl-C to the sweep, which ends its workers itself: a worker
+    interrupted inside the pool's queue handling can die holding the queue's lock, and the
+    pool then waits on it for ever (a Ctrl-C to the whole process group hung a sweep so)."""
+    import signal
+
+    from analysis.platform.processes import die_with_parent
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent(parent_pid)
+
+
+def end_workers(pool: ProcessPoolExecutor) -> None:
+    """Cancel what has not started and end the workers now, rather than wait for their points
+    (Python 3.14's `kill_workers`; before it, the pool's own process table). SIGKILL: a worker
+    holds nothing that outlives it (its result is discarded), and vLLM's imports can leave
+    SIGTERM caught."""
+    workers = list((getattr(pool, "_processes", None) or {}).values())  # shutdown forgets them
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in workers:
+        process.kill()
 
 
 def _run_in_processes(
@@ -197,9 +218,9 @@ def _run_in_processes(
                     ) from exc
                 _write(folder(point), point, result)
                 finished(point)
-        finally:
-            for future in futures:  # interrupted or failed: drop what has not started
-                future.cancel()
+        except BaseException:  # interrupted or failed: drop the rest, end the running points
+            end_workers(pool)
+            raise
 
 
 def _run_on_ray(
