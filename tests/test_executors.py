@@ -316,6 +316,8 @@ def test_ctrl_c_to_a_sweeps_process_group_ends_the_sweep_and_its_workers(grid, t
 
     import psutil
 
+    from analysis.platform.processes import group_members
+
     env = os.environ | {"PREFIX_CACHE_LAB_ROOT": str(tmp_path)}
     command = [sys.executable, "-m", "analysis", "sweep", "--grid", str(grid), "--workers", "2"]
     sweep = subprocess.Popen(
@@ -335,11 +337,4 @@ def test_ctrl_c_to_a_sweeps_process_group_ends_the_sweep_and_its_workers(grid, t
     os.killpg(sweep.pid, signal.SIGINT)
     assert sweep.wait(timeout=120) == 130, sweep.stderr.read()
     time.sleep(1)
-    left = []
-    for process in psutil.process_iter(["pid"]):
-        try:
-            if os.getpgid(process.pid) == sweep.pid and process.status() != psutil.STATUS_ZOMBIE:
-                left.append(process.pid)
-        except (ProcessLookupError, psutil.Error):
-            continue
-    assert left == []
+    assert group_members(sweep.pid) == []
