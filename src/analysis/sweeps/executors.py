@@ -218,8 +218,11 @@ def _run_in_processes(
                     ) from exc
                 _write(folder(point), point, result)
                 finished(point)
-        except BaseException:  # interrupted or failed: drop the rest, end the running points
+        except BaseException as exc:  # interrupted or failed: drop the rest, end the running
             end_workers(pool)
+            if isinstance(exc.__context__, KeyboardInterrupt):
+                # Ctrl-C inside `as_completed`'s lock: the lock's own error hides it
+                raise KeyboardInterrupt from None
             raise
 
 
