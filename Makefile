@@ -82,29 +82,20 @@ JUNIT := reports/junit
 # nbval's notebooks save their figures under reports/ (not committed), so that a test run leaves
 # the committed figures as they were; their kernels start over IPC (notebooks/conftest.py).
 # One notebook at a time: a notebook already fills the cores (the sweep's worker processes, a
-# pair of real servers), and two side by side on pytest-xdist ran nbval slower, not faster.
+# pair of real servers), and two side by side on pytest-xdist ran nbval slower, not faster;
+# nbval beside pytest made a fresh `bash .ci/run` slower too (23m32s, against 21m46s-22m54s one
+# after the other, on a 2-core AMD EPYC): pytest leaves cores idle, but less than they cost.
 NBVAL_PYTEST := PREFIX_CACHE_LAB_FIGURES=reports/nbval-figures $(VENV)/bin/pytest --nbval \
   --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout 1200 \
   -p no:cacheprovider --durations=15 --junitxml=$(JUNIT)/nbval.xml notebooks
-# `make test` runs nbval beside pytest: pytest's tests wait on servers, engines and processes
-# for much of their time, leaving the cores idle, which the notebooks fill. Its
-# log is printed when both have ended (follow it live with `tail -f`). A background job starts
-# with Ctrl-C ignored: on Ctrl-C the recipe sends nbval SIGTERM, which notebooks/conftest.py
-# turns into the same stop.
-NBVAL_LOG := $(JUNIT)/nbval.log
 
 .PHONY: test
-test: setup $(VENV)/.installed-extra-ray ## ruff + pytest (real vLLM and Ray included) beside nbval, then where the time went
+test: setup $(VENV)/.installed-extra-ray ## ruff + pytest (real vLLM and Ray included) + nbval, then where the time went
 	$(MAKE) --no-print-directory lint
 	rm -f $(JUNIT)/pytest.xml $(JUNIT)/nbval.xml
-	mkdir -p $(JUNIT)
-	rc=0; echo "nbval runs beside pytest; its log: $(NBVAL_LOG)"; \
-	  $(NBVAL_PYTEST) > $(NBVAL_LOG) 2>&1 & nbval=$$!; \
-	  trap 'kill -TERM $$nbval 2>/dev/null || true' INT TERM; \
-	  $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --durations=15 \
+	rc=0; $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --durations=15 \
 	    --junitxml=$(JUNIT)/pytest.xml || rc=$$?; \
-	  wait $$nbval || rc=$$?; \
-	  echo "---- nbval (it ran beside pytest) ----"; cat $(NBVAL_LOG); \
+	  if [ $$rc -eq 0 ]; then $(NBVAL_PYTEST) || rc=$$?; fi; \
 	  $(PY) -m analysis durations test; exit $$rc
 
 .PHONY: nbval

@@ -57,11 +57,6 @@ def test_junit_files_give_phases_slowest_tests_and_each_notebook(root: Path) -> 
     assert durations.junit_rows(durations.read_junit(folder / "pytest.xml"), None, slowest=1)[
         1:
     ] == [durations.Row("test", "test_a::test_slow", 61.0)]
-    # nbval started while pytest ran (`make test` runs them side by side): said so
-    (folder / durations.NBVAL_XML).write_text(NBVAL_XML.replace("03:06:00", "03:04:30"))
-    rows, _ = durations.from_junit_dir()
-    phases = [(r.name, r.seconds) for r in rows if r.section == "phase"]
-    assert phases == [("pytest", 95.5), ("nbval (beside pytest)", 40.0)]
 
 
 def test_the_command_prints_the_table_and_writes_the_csv(root: Path, capsys) -> None:

@@ -70,18 +70,6 @@ def _node_id(case: ET.Element) -> str:
     return f"{classname}::{case.get('name', '')}"
 
 
-def overlapped(a: Suite, b: Suite) -> bool:
-    """Whether two suites ran at the same time (`make test` runs nbval beside pytest), so that
-    their times are not added up."""
-    from datetime import datetime
-
-    if not (a.timestamp and b.timestamp):
-        return False
-    start_a = datetime.fromisoformat(a.timestamp).timestamp()
-    start_b = datetime.fromisoformat(b.timestamp).timestamp()
-    return start_a < start_b + b.seconds and start_b < start_a + a.seconds
-
-
 def notebook_of(node_id: str) -> str:
     """The notebook a nbval cell belongs to ("notebooks.04-x.ipynb::Cell 3" -> "04-x.ipynb")."""
     classname = node_id.split("::", 1)[0]
@@ -95,8 +83,7 @@ def junit_rows(pytest: Suite | None, nbval: Suite | None, slowest: int = SLOWEST
     if pytest is not None:
         rows.append(Row("phase", "pytest", pytest.seconds))
     if nbval is not None:
-        beside = pytest is not None and overlapped(pytest, nbval)
-        rows.append(Row("phase", "nbval (beside pytest)" if beside else "nbval", nbval.seconds))
+        rows.append(Row("phase", "nbval", nbval.seconds))
     if pytest is not None:
         ranked = sorted(pytest.cases, key=lambda c: -c[1])[:slowest]
         rows += [Row("test", name, seconds) for name, seconds in ranked]

@@ -545,10 +545,10 @@ def test_times(root: Path) -> str:
     seconds = {(r["section"], r["name"]): float(r["seconds"]) for r in rows}
     if ("total", "make test") not in seconds:
         raise SourceError(f"{TEST_TIMES} has no total: it was not a run of .ci/run")
-    phases = [  # in the order they ran; nbval's row says when it ran beside pytest
-        f"{r['name']} {format_seconds(float(r['seconds']))}"
-        for r in rows
-        if r["section"] == "phase"
+    phases = [
+        f"{name} {format_seconds(seconds[('phase', name)])}"
+        for name in ("set-up and ruff", "pytest", "nbval")
+        if ("phase", name) in seconds
     ]
     notebooks = [r for r in rows if r["section"] == "notebook"][:4]
     slowest = ", ".join(
