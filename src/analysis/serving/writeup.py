@@ -217,24 +217,19 @@ def modes_flag(modes: list[str]) -> str:
 
 def table_flag(table: pd.DataFrame) -> str:
     """The flag of a section's table (one row per mode) whose `speed_note` marks a mode."""
-    notes = table.get("speed_note", pd.Series([""] * len(table), index=table.index))
-    return modes_flag(
-        [
-            "on" if mode == "cache" else "off"
-            for mode, note in zip(table["mode"], notes.fillna(""), strict=True)
-            if note
-        ]
-    )
+    notes = table["speed_note"].fillna("") if "speed_note" in table else [""] * len(table)
+    return _notes_flag(dict(zip(table["mode"], notes, strict=True)))
 
 
 def sharegpt_flag(facts: Facts) -> str:
     """The flag of the ShareGPT cells (either mode), else ""."""
+    return _notes_flag({mode: cell.get("speed_note") for mode, cell in facts.sharegpt.items()})
+
+
+def _notes_flag(notes: dict[str, Any]) -> str:
+    """The flag of the modes ("cache", "no_cache") whose speed note is not empty."""
     return modes_flag(
-        [
-            "on" if mode == "cache" else "off"
-            for mode in ("cache", "no_cache")
-            if facts.sharegpt.get(mode, {}).get("speed_note")
-        ]
+        ["on" if mode == "cache" else "off" for mode in ("cache", "no_cache") if notes.get(mode)]
     )
 
 
