@@ -371,3 +371,20 @@ def test_the_lookup_cost_reading_says_what_this_run_measured_and_stays_unresolve
     assert "disagree" in prefix_match.lookup_cost_reading(fake(0.9, 1.1))
     for low, high in ((0.7, 0.9), (1.1, 1.3)):  # a direction in one run is never the answer
         assert "unresolved" in prefix_match.lookup_cost_reading(fake(low, high))
+
+
+def test_the_speed_probe_counts_each_sizes_fastest_request_so_a_cold_one_moves_nothing():
+    from analysis.serving.bench_run import probe_rate, speed_note
+
+    sizes = [32, 1024, 32, 1024]
+    warm = [0.02, 0.40, 0.02, 0.40]
+    cold_short = [0.35, 0.40, 0.02, 0.41]  # the first request paid a one-off cost
+    assert probe_rate(sizes, warm, 1024) == pytest.approx(992 / 0.38)
+    assert probe_rate(sizes, cold_short, 1024) == pytest.approx(992 / 0.38)
+    assert speed_note(probe_rate(sizes, warm, 1024), probe_rate(sizes, cold_short, 1024)) == ""
+    # a single cold pair is what flagged quiet cells: its short request ate the gap
+    assert speed_note(
+        probe_rate(sizes[:2], warm[:2], 1024), probe_rate(sizes[:2], cold_short[:2], 1024)
+    )
+    slower = [0.03, 0.80, 0.03, 0.82]  # the whole machine halved: still flagged
+    assert speed_note(probe_rate(sizes, warm, 1024), probe_rate(sizes, slower, 1024))
