@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+
 import pandas as pd
 import pytest
 
@@ -111,12 +114,70 @@ def test_arc_runs_and_an_unknown_policy_is_named():
         run(40, -1)
 
 
-def test_offloading_refuses_time_it_would_ignore():
+def test_offloading_in_seconds_without_a_clock_is_refused_in_one_line():
     from analysis.engines.offload import run_offload
 
     config = config_for(40).with_(think_time_s=0.5)
-    with pytest.raises(ConfigError, match="runs in steps, not in seconds"):
+    with pytest.raises(ConfigError, match="in seconds needs a clock"):
         run_offload(build_workload(TRACE, config), config, config_model(config), 200)
+
+
+# --------------------------------------------------------------------------- on a clock
+def write_profile(path) -> str:
+    coefficients = {"fixed": 0.004, "token": 2e-5, "new_request": 1e-3, "decode_context": 5e-4}
+    path.write_text(json.dumps({"coefficients": coefficients, "admit_s": 2e-4, "loop_s": 1e-4}))
+    return str(path)
+
+
+def run_timed(config: RunConfig, cpu_blocks: int, bytes_per_s: float = 64e9):
+    from analysis.engines.offload import run_offload
+
+    workload = build_workload(TRACE, config)
+    return run_offload(
+        workload, config, config_model(config), cpu_blocks, host_link_bytes_per_s=bytes_per_s
+    )
+
+
+ARRIVALS = {
+    "closed-loop": {},
+    "poisson": {"mode": "poisson", "arrival_rate": 20.0},
+    "think-time": {"think_time_s": 0.05},
+}
+
+
+@pytest.mark.parametrize("arrivals", list(ARRIVALS))
+def test_no_cpu_on_a_clock_is_replay_on_the_same_clock_to_the_bit(tmp_path, arrivals):
+    """The offloading loop on a clock charges, admits and idles as `replay` on a clock does:
+    with no CPU tier, every request's times and every step's are the same floats."""
+    from analysis.runs import run as run_engine
+
+    config = config_for(40).with_(clock=write_profile(tmp_path / "p.json"), **ARRIVALS[arrivals])
+    offload = run_timed(config, 0)
+    replay = run_engine(TRACE, config.with_(engine="replay"), progress=False)
+    for column in ("arrival_s", "first_token_s", "finish_s", "ttft_s"):
+        assert offload.requests[column].tolist() == replay.requests[column].tolist(), column
+    for column in ("tokens", "start_s", "wall_s"):
+        assert offload.steps[column].tolist() == replay.steps[column].tolist(), column
+    assert offload.link_seconds == {"load": 0.0, "store": 0.0}
+
+
+def test_a_link_that_costs_nothing_changes_no_count_and_a_slow_one_makes_loads_wait(tmp_path):
+    """In closed loop, a clock whose link is too fast to matter gives the count-only run's
+    counts exactly; a slow link charges each loaded and stored block its bytes, and requests
+    that hit the CPU wait for them."""
+    from analysis.engines.offload.driver import cpu_block_bytes
+
+    config = config_for(40).with_(clock=write_profile(tmp_path / "p.json"))
+    free = run_timed(config, 200, bytes_per_s=1e30)
+    # every count; the step count less the count-only loop's last step, which only reports
+    # the final stores finished (on a clock the run ends with its last request)
+    assert replace(free.counts, steps=0) == replace(run(40, 200), steps=0)
+    slow = run_timed(config, 200, bytes_per_s=1e6)
+    block = cpu_block_bytes(config, config_model(config))
+    assert slow.link_seconds["load"] == pytest.approx(slow.counts.loaded_blocks * block / 1e6)
+    assert slow.link_seconds["store"] == pytest.approx(slow.counts.stored_blocks * block / 1e6)
+    assert slow.requests["ttft_s"].median() > 2 * free.requests["ttft_s"].median()
+    assert (slow.requests["status"] == "finished").all()
 
 
 def test_the_offload_table_reading_and_checks():

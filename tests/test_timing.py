@@ -660,3 +660,52 @@ def test_routers_in_time_read_their_table_and_their_checks_can_fail():
     ):
         with pytest.raises(AssertionError):
             routers.checks(_router_rows(**bad), 4).assert_all()
+
+
+# --------------------------------------------------------------- CPU offloading in time (nb16)
+def _offload_rows(**changes) -> pd.DataFrame:
+    rows = pd.DataFrame(
+        {
+            "multiple": [0, 2, 8],
+            "hit_rate": [0.2, 0.59, 0.6],
+            "computed_prompt_tokens": [142_000, 73_000, 71_000],
+            "requests": [252, 252, 252],
+            "span_s": [73.0, 73.4, 72.9],
+            "ttft_p50_s": [0.61, 0.58, 0.49],
+            "tpot_p50_s": [0.0112] * 3,
+            "token_compute_s": [0.40, 0.26, 0.25],
+            "decode_only_share": [0.96, 0.96, 0.96],
+            "loaded_blocks": [0, 5000, 5200],
+            "load_s": [0.0, 5000 * 0.5e6 / 64e9, 5200 * 0.5e6 / 64e9],
+            "store_s": [0.0, 0.04, 0.04],
+        }
+    )
+    for column, values in changes.items():
+        rows[column] = values
+    rows["span_saved"] = 1 - rows["span_s"] / rows["span_s"].iloc[0]
+    rows["ttft_p50_vs_none"] = rows["ttft_p50_s"] / rows["ttft_p50_s"].iloc[0]
+    rows.attrs = {"host_link_bytes_per_s": 64e9, "block_bytes": int(0.5e6), "clients": 16}
+    rows.attrs["model"] = "llama-3.2-1b"
+    return rows
+
+
+def test_offloading_in_time_reads_its_table_and_its_checks_can_fail():
+    from analysis.timing import offload
+
+    errors = pd.DataFrame(
+        {"workload": ["conversations"], "p50_ttft_error": [0.072], "throughput_req_error": [0.12]}
+    )
+    text = offload.reading(_offload_rows(), errors)
+    assert "At 8x the CPU lifts the hit rate from 20.0% to 60.0%" in text
+    assert "computes 71,000 fewer prompt tokens (50%)" in text
+    assert "span changes by -0.1% and its median TTFT by -20%" in text
+    assert "at 0.15 s in all" in text and "96% of the run's step time" in text
+    assert "conversations: median TTFT +7.2%, throughput +12.0%" in text
+    assert offload.checks(_offload_rows()).assert_all()["holds"].all()
+    for bad in (
+        {"requests": [252, 250, 252]},  # a CPU size that lost requests
+        {"store_s": [0.01, 0.04, 0.04]},  # bytes moved with no CPU tier
+        {"load_s": [0.0, 0.04, 0.5]},  # link time that is not the blocks' bytes
+    ):
+        with pytest.raises(AssertionError):
+            offload.checks(_offload_rows(**bad)).assert_all()

@@ -4,10 +4,13 @@ The scheduler is `replay`'s (vLLM's own `Scheduler`) built with vLLM's `Offloadi
 so every decision is vLLM's: its scheduler half (`offloading/scheduler.py`) looks up the CPU
 after the GPU's prefix hit, plans loads and write-through stores, and its `CPUOffloadingManager`
 allocates and evicts CPU blocks (LRU or ARC). The worker half is vLLM's own
-`OffloadingConnectorWorker` too, over a worker that moves no bytes and reports every transfer
-finished at its next poll: a load submitted in a step is reported in that step's output, a store
-in the next step's (vLLM defers store submission by one step, `prepare_store_kv`). That is the
-worker's timing when transfers are fast against a step, the best case for offloading.
+`OffloadingConnectorWorker` too, over a worker that moves no bytes (`transfers`). In steps, it
+reports every transfer finished at its next poll: a load submitted in a step is reported in that
+step's output, a store in the next step's (vLLM defers store submission by one step,
+`prepare_store_kv`). That is the worker's timing when transfers are fast against a step, the
+best case for offloading. On a clock (`RunConfig.clock`, a GPU's step-cost profile), each step
+costs what the profile charges, and each transfer its bytes over the GPU's host link, so that a
+request whose prefix comes back from the CPU waits for it.
 
 Steps follow the GPU model runner's connector calls (`gpu_model_runner.execute_model`,
 `kv_connector_model_runner_mixin._get_kv_connector_output`): `handle_preemptions`,
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import math
 import mmap
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -31,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.engines.config import RunConfig
+from analysis.engines.offload.transfers import PCIE5_X16_BYTES_PER_S, HostLink, worker_half
 from analysis.engines.recorder import Recorder
 from analysis.engines.replay import (
     ReplayEngine,
@@ -179,47 +184,16 @@ def build_offload_scheduler(
     return build_replay_engine(config, model, extra_kwargs={"kv_transfer_config": transfer})
 
 
-def instant_worker_half(vllm_config: Any, kv_cache_config: Any) -> Any:
-    """vLLM's OffloadingConnector in its worker role, over a worker that moves no bytes and
-    reports each submitted transfer finished at its next `get_finished` poll."""
-    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-    from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import (
-        OffloadingConnector,
-    )
-    from vllm.v1.kv_offload.base import OffloadingWorker, TransferResult
-
-    class InstantWorker(OffloadingWorker):
-        def __init__(self) -> None:
-            self.submitted: list[int] = []
-
-        def submit_store(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
-            self.submitted.append(job_id)
-            return True
-
-        def submit_load(self, job_id: int, src_spec: Any, dst_spec: Any) -> bool:
-            self.submitted.append(job_id)
-            return True
-
-        def get_finished(self) -> list[Any]:
-            done, self.submitted = self.submitted, []
-            return [TransferResult(job_id=job_id, success=True) for job_id in done]
-
-        def wait(self, job_ids: set[int]) -> None:
-            """Already finished: they are reported at the next poll, as vLLM's are."""
-
-    connector = OffloadingConnector(vllm_config, KVConnectorRole.WORKER, kv_cache_config)
-    connector.connector_worker.worker = InstantWorker()
-    return connector
-
-
-def worker_step(worker: Any, scheduler_output: Any) -> Any:
-    """The worker half's calls for one step, in the model runner's order; its report."""
+def worker_step(worker: Any, scheduler_output: Any, forward: Callable[[], None]) -> Any:
+    """The worker half's calls for one step, in the model runner's order, around the step's
+    `forward` pass (on a clock, its cost); its report."""
     from vllm.v1.outputs import KVConnectorOutput
 
     metadata = scheduler_output.kv_connector_metadata
     worker.handle_preemptions(metadata)
     worker.bind_connector_metadata(metadata)
     worker.start_load_kv(None)
+    forward()
     worker.wait_for_save()
     sending, recving = worker.get_finished(scheduler_output.finished_req_ids)
     report = worker.build_connector_worker_meta()
@@ -235,11 +209,16 @@ def worker_step(worker: Any, scheduler_output: Any) -> Any:
 class OffloadRun:
     """One offloading replay: its counts and vLLM's admissions, as the project's `Recorder`
     saw them (one row per admission, in the order vLLM admitted them; `kind` is "first" or
-    "readmission", `tokens_hit` the GPU prefix hit vLLM recorded, without the CPU's)."""
+    "readmission", `tokens_hit` the GPU prefix hit vLLM recorded, without the CPU's). On a
+    clock, also each request's times (`requests`), each step's (`steps`) and the seconds the
+    host link carried loads and stores (`link_seconds`)."""
 
     counts: OffloadCounts
     admissions: pd.DataFrame
     recorder: Recorder
+    requests: pd.DataFrame | None = None
+    steps: pd.DataFrame | None = None
+    link_seconds: dict[str, float] | None = None
 
     @property
     def first_prefill_gpu_hit_tokens(self) -> int:
@@ -255,18 +234,21 @@ def run_offload(
     cpu_blocks: int,
     eviction_policy: str = "lru",
     prompt_only: bool = True,
+    host_link_bytes_per_s: float = PCIE5_X16_BYTES_PER_S,
 ) -> OffloadRun:
     """Replay `workload` through vLLM's scheduler with `cpu_blocks` blocks of CPU offloading.
 
     `cpu_blocks=0` runs the same loop on `replay`'s scheduler without the connector (no CPU
-    tier at all), the baseline the CPU is compared with.
+    tier at all), the baseline the CPU is compared with. With a clock (`config.clock`, a
+    step-cost profile), arrivals come in seconds, each step costs what the profile charges
+    for it, and each transfer its bytes at `host_link_bytes_per_s`.
     """
     if cpu_blocks < 0:
         raise ConfigError(f"cpu_blocks={cpu_blocks}: give 0 (no offloading) or more CPU blocks")
-    if config.timed:
+    if config.timed and config.clock is None:
         raise ConfigError(
-            "CPU offloading runs in steps, not in seconds: drop the clock, the think time and "
-            "arrivals in seconds (mode batch or closed-loop)"
+            "CPU offloading in seconds needs a clock: give a step-cost profile (clock=...), "
+            "or drop the think time and arrivals in seconds (mode batch or closed-loop)"
         )
     counts = OffloadCounts(cpu_blocks=cpu_blocks, eviction_policy=eviction_policy)
     if cpu_blocks:
@@ -275,18 +257,26 @@ def run_offload(
         engine = build_replay_engine(config, model)
     scheduler = engine.scheduler
     prefix_hashes = PrefixHashes(engine.hash_block_size, engine.block_hasher)
+    recorder = Recorder(len(workload.specs), config.block_size)
+    recorder.attach(scheduler)
+    clocked = _Clocked.for_run(workload, config, model, scheduler) if config.clock else None
     ledger: _Ledger | None = None
     worker = None
+    link: HostLink | None = None
     if cpu_blocks:
         manager = scheduler.connector.scheduler.manager
         if manager._num_chunks != cpu_blocks:
             raise RuntimeError(f"vLLM made {manager._num_chunks} CPU blocks, not {cpu_blocks}")
         ledger = _Ledger(counts)
         ledger.attach(manager)
-        worker = instant_worker_half(engine.vllm_config, engine.kv_cache_config)
-    recorder = Recorder(len(workload.specs), config.block_size)
-    recorder.attach(scheduler)
-    arrivals = Arrivals(workload, config.mode, config.concurrency)
+        if clocked is not None:
+            link = HostLink(
+                host_link_bytes_per_s,
+                cpu_block_bytes(config, model),
+                clocked.clock.now,
+                clocked.clock.wait_until,
+            )
+        worker = worker_half(engine.vllm_config, engine.kv_cache_config, link)
     last_turns = last_turn_indices(workload)
     live: dict[str, Any] = {}
 
@@ -300,18 +290,26 @@ def run_offload(
             scheduler.add_request(request)
 
     recorder.start_clock()
-    submit(arrivals.initial())
     limit = _step_limit(workload)
-    while live or scheduler.has_requests():
+
+    def step_once(forward: Callable[[], None]) -> list[int]:
         if counts.steps > limit:
             raise RuntimeError(
                 f"offloading replay ran {counts.steps} steps without finishing: a transfer "
                 "that is never reported finished keeps its request waiting"
             )
-        recorder.mark_step(scheduler.current_step + 1, recorder.now())
-        finished = _step(scheduler, worker, live, counts, recorder)
-        if finished:
-            submit(arrivals.after_finished(finished))
+        return _step(scheduler, worker, live, counts, recorder, forward)
+
+    if clocked is None:
+        arrivals = Arrivals(workload, config.mode, config.concurrency)
+        submit(arrivals.initial())
+        while live or scheduler.has_requests():
+            recorder.mark_step(scheduler.current_step + 1, recorder.now())
+            finished = step_once(_no_cost)
+            if finished:
+                submit(arrivals.after_finished(finished))
+    else:
+        clocked.drive(scheduler, live, recorder, submit, step_once)
     if ledger is not None:
         ledger.close()
     counts.computed_prompt_tokens = (
@@ -320,7 +318,91 @@ def run_offload(
     recorder.check_against_engine_stats()
     admissions = recorder.admissions_frame()
     admissions.insert(1, "kind", np.where(admissions["readmission"], "readmission", "first"))
-    return OffloadRun(counts=counts, admissions=admissions, recorder=recorder)
+    run = OffloadRun(counts=counts, admissions=admissions, recorder=recorder)
+    if clocked is not None:
+        run.requests = timed_requests(workload, recorder)
+        run.steps = clocked.steps.frame()
+        run.link_seconds = dict(link.seconds) if link else {"load": 0.0, "store": 0.0}
+    return run
+
+
+def _no_cost() -> None:
+    """A step's forward pass in steps, not seconds: it costs nothing."""
+
+
+@dataclass
+class _Clocked:
+    """What an offloading run on a clock keeps: the clock, the profile, its step table and the
+    arrivals in seconds."""
+
+    clock: Any
+    profile: Any
+    steps: Any
+    arrivals: Any
+
+    @classmethod
+    def for_run(cls, workload: Workload, config: RunConfig, model: ResolvedModel, scheduler: Any):
+        from analysis.engines.clock import VirtualClock, check_applies, load_profile, run_identity
+        from analysis.engines.steps import StepLog
+        from analysis.engines.timed_arrivals import TimedArrivals
+
+        profile = load_profile(config.clock)
+        check_applies(profile, run_identity(config, model), anyway=config.clock_anyway)
+        steps = StepLog()
+        steps.attach(scheduler)
+        return cls(VirtualClock(), profile, steps, TimedArrivals.for_config(workload, config))
+
+    def drive(self, scheduler, live, recorder, submit, step_once) -> None:
+        """`replay`'s step loop on a clock (`analysis.engines.replay._drive_on_clock`, without
+        its decode fast path): submit what has arrived (each charged `admit_s`), idle until the
+        next arrival when nothing runs, charge each step its modelled cost during its forward
+        pass (so that loads it starts end behind it and stores start after it), then `loop_s`.
+        With no request in the engine, the clock idles to the next arrival, as in `replay`
+        (stores still in flight then are reported at the next step)."""
+        clock, profile, arrivals = self.clock, self.profile, self.arrivals
+        recorder.clock = clock.now
+        while live or arrivals.pending():
+            due = arrivals.due(clock.now())
+            if due:
+                recorder.arrival_seconds[due] = arrivals.arrival_s[due]
+                submit(due)
+                clock.advance(profile.admit_s * len(due))
+            if not live:
+                clock.wait_until(arrivals.next_time())
+                continue
+            recorder.mark_step(scheduler.current_step + 1, clock.now())
+
+            def forward(admitted: int = len(due)) -> None:
+                start = clock.now()
+                cost = profile.step_seconds(self.steps.last())
+                self.steps.timed(start, cost, admitted, profile.admit_s * admitted, profile.loop_s)
+                clock.advance(cost)
+
+            finished = step_once(forward)
+            if finished:
+                arrivals.after_finished(finished, clock.now())
+            clock.advance(profile.loop_s)
+
+
+def timed_requests(workload: Workload, recorder: Recorder) -> pd.DataFrame:
+    """Each request's times on the clock: arrival, first token, finish; TTFT and end to end."""
+    finished = recorder.finish_step >= 0
+    arrival = np.where(
+        np.isnan(recorder.arrival_seconds), recorder.submit_seconds, recorder.arrival_seconds
+    )
+    return pd.DataFrame(
+        {
+            "request_index": np.arange(len(workload.specs)),
+            "status": np.where(finished, "finished", "unfinished"),
+            "prompt_tokens": [spec.prompt_tokens for spec in workload.specs],
+            "output_tokens": recorder.output_tokens,
+            "arrival_s": arrival,
+            "first_token_s": recorder.first_token_seconds,
+            "finish_s": recorder.finish_seconds,
+            "ttft_s": recorder.first_token_seconds - arrival,
+            "e2e_s": recorder.finish_seconds - arrival,
+        }
+    )
 
 
 def _step_limit(workload: Workload) -> int:
@@ -330,10 +412,16 @@ def _step_limit(workload: Workload) -> int:
 
 
 def _step(
-    scheduler: Any, worker: Any, live: dict[str, Any], counts: OffloadCounts, recorder: Recorder
+    scheduler: Any,
+    worker: Any,
+    live: dict[str, Any],
+    counts: OffloadCounts,
+    recorder: Recorder,
+    forward: Callable[[], None],
 ) -> list[int]:
-    """One engine step: schedule, the worker's report (none without a connector) and the
-    workload's next tokens, update; returns the workload indices that finished."""
+    """One engine step: schedule, the forward pass (`forward`) with the worker's calls around
+    it (none without a connector), the workload's next tokens, update; returns the workload
+    indices that finished."""
     from vllm.v1.outputs import ModelRunnerOutput
 
     scheduler_output = scheduler.schedule()
@@ -348,11 +436,16 @@ def _step(
         request = live[rid][1]
         done = request.is_prefill_chunk
         sampled.append([] if done else [request._replay_outputs[len(request._output_token_ids)]])
+    if worker is None:
+        forward()
+        connector_output = None
+    else:
+        connector_output = worker_step(worker, scheduler_output, forward)
     output = ModelRunnerOutput(
         req_ids=req_ids,
         req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
         sampled_token_ids=sampled,
-        kv_connector_output=None if worker is None else worker_step(worker, scheduler_output),
+        kv_connector_output=connector_output,
     )
     finished: list[int] = []
     step = scheduler.current_step
