@@ -53,6 +53,7 @@ SECTIONS: dict[str, Callable[[Path], str]] = {
     "study-table": sections.study_table,
     "study-findings": sections.study_findings,
     "test-times": sections.test_times,
+    "report-times": sections.report_times,
 }
 
 

@@ -530,18 +530,56 @@ def _seed_004(root: Path) -> list[str]:
 TEST_TIMES = "data/external/ci/2026-11-26/make-test.csv"
 
 
+def _recorded_rows(root: Path, relative: str, what: str) -> list[dict[str, str]]:
+    """The rows of a recorded time table (data/external/ci/), or a one-line error."""
+    import csv
+
+    path = root / relative
+    if not path.is_file():
+        raise SourceError(f"{relative} is missing: copy {what} of a fresh run")
+    with path.open(newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+REPORT_TIMES = "data/external/ci/2026-11-27/make-report.csv"
+
+
+def report_times(root: Path) -> str:
+    """A recorded fresh `make report`: its stages and slowest notebooks, from the table it
+    printed at its end (`reports/report-times.csv`, copied here)."""
+    from analysis.report.timings import format_seconds
+
+    rows = _recorded_rows(root, REPORT_TIMES, "reports/report-times.csv")
+    total = next((float(r["seconds"]) for r in rows if r["section"] == "total"), None)
+    if total is None:
+        raise SourceError(f"{REPORT_TIMES} has no total: it was not a whole `make report`")
+    stages = {r["name"]: float(r["seconds"]) for r in rows if r["section"] == "stage"}
+    notebooks = {k: v for k, v in stages.items() if k.startswith("notebook ")}
+    slowest = sorted(notebooks.items(), key=lambda item: -item[1])[:4]
+    named = ", ".join(
+        f"{name.split()[1].split('-')[0]} {format_seconds(seconds)}" for name, seconds in slowest
+    )
+    parts = [
+        f"set-up {format_seconds(stages['environment set-up'])}",
+        f"traces {format_seconds(stages['traces'])}",
+        f"sweep {format_seconds(stages['sweep'])}",
+        f"{len(notebooks)} notebooks {format_seconds(sum(notebooks.values()))}",
+    ]
+    first = rows[0]
+    return (
+        f"A fresh `make report` (a clone with no `.venv` and an empty uv cache), recorded "
+        f"{first['recorded'][:10]} on {first['machine']} with {first['cores']} cores, took "
+        f"{format_seconds(total)}: {', '.join(parts)}. Its slowest notebooks: {named} "
+        f"(`{REPORT_TIMES}`, the table `make report` prints at its end).\n"
+    )
+
+
 def test_times(root: Path) -> str:
     """A recorded fresh `bash .ci/run`: its phases and slowest notebooks, from the CSV that
     `python -m analysis durations` wrote at its end (copied here from `reports/`)."""
-    import csv
-
     from analysis.report.timings import format_seconds
 
-    path = root / TEST_TIMES
-    if not path.is_file():
-        raise SourceError(f"{TEST_TIMES} is missing: copy reports/test-times.csv of a fresh run")
-    with path.open(newline="", encoding="utf-8") as handle:
-        rows = list(csv.DictReader(handle))
+    rows = _recorded_rows(root, TEST_TIMES, "reports/test-times.csv")
     seconds = {(r["section"], r["name"]): float(r["seconds"]) for r in rows}
     if ("total", "make test") not in seconds:
         raise SourceError(f"{TEST_TIMES} has no total: it was not a run of .ci/run")
