@@ -33,7 +33,6 @@ def offload_on_clock(
     multiples: Sequence[int],
     block_size: int = 16,
     max_model_len: int = 8192,
-    slo_ttft_s: float | None = None,
     host_link_bytes_per_s: float = PCIE5_X16_BYTES_PER_S,
 ) -> pd.DataFrame:
     """One row per CPU multiple of `gpu_blocks` (0: no CPU tier): hits, then time on the clock,
@@ -70,7 +69,7 @@ def offload_on_clock(
             host_link_bytes_per_s=host_link_bytes_per_s,
         )
         counts = result.counts
-        summary = summarise(result.requests, slo_ttft_s=slo_ttft_s)
+        summary = summarise(result.requests)
         rows.append(
             {
                 "multiple": multiple,
