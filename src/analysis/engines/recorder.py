@@ -251,6 +251,10 @@ class Recorder:
             return self.clock()
         return time.perf_counter() - self.started
 
+    def arrival_times(self) -> np.ndarray:
+        """When each request arrived: its timed arrival, or (untimed) when it was submitted."""
+        return np.where(np.isnan(self.arrival_seconds), self.submit_seconds, self.arrival_seconds)
+
     def mark_step(self, step: int, seconds: float) -> None:
         """`step` starts now, at `seconds` (steps must be marked in order)."""
         self.step = step

@@ -293,9 +293,15 @@ def _drive_on_clock(
 
 def charge_step(steps, fast, step: int, profile, clock, admitted: int) -> None:
     """Charge the step just scheduled: the fast path's parked decodes added to what vLLM
-    scheduled, its modelled cost on the clock (`admitted`: requests handed over before it)."""
-    start = clock.now()
+    scheduled, then its modelled cost (`charge_scheduled`)."""
     steps.add_decodes(*fast.hidden_decodes(step))
+    charge_scheduled(steps, profile, clock, admitted)
+
+
+def charge_scheduled(steps, profile, clock, admitted: int) -> None:
+    """Charge the step just logged its modelled cost on the clock (`admitted`: requests handed
+    over before it)."""
+    start = clock.now()
     cost = profile.step_seconds(steps.last())
     steps.timed(start, cost, admitted, profile.admit_s * admitted, profile.loop_s)
     clock.advance(cost)

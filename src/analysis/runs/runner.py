@@ -314,9 +314,7 @@ def _requests_table(
     frame["first_token_step"] = recorder.first_token_step
     frame["finish_step"] = recorder.finish_step
     frame["finish_reason"] = recorder.finish_reason
-    arrival = np.where(
-        np.isnan(recorder.arrival_seconds), recorder.submit_seconds, recorder.arrival_seconds
-    )
+    arrival = recorder.arrival_times()
     frame["arrival_s"] = arrival
     frame["first_token_s"] = recorder.first_token_seconds
     frame["finish_s"] = recorder.finish_seconds

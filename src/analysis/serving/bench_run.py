@@ -63,6 +63,10 @@ def warm_server(server: VllmServer, config: ServingBenchConfig) -> None:
 SPEED_CHANGE_BOUND = 0.3
 
 
+# How many times the speed probe sends each of its two prompt sizes.
+PROBE_REPEATS = 2
+
+
 def prefill_speed(server: VllmServer, probe_tokens: int = 1024) -> float:
     """Prefill tokens/s of one uncached request alone, now: the TTFT of a `probe_tokens`
     prompt less that of a 32-token one, from an emptied cache. Measured before and after
@@ -93,10 +97,6 @@ def prefill_speed(server: VllmServer, probe_tokens: int = 1024) -> float:
     if any(r.status != "ok" for r in results):
         return math.nan
     return probe_rate(sizes[1:], [r.ttft_s for r in results[1:]], probe_tokens)
-
-
-# How many times the speed probe sends each of its two prompt sizes.
-PROBE_REPEATS = 2
 
 
 def probe_rate(sizes: Sequence[int], ttfts: Sequence[float], probe_tokens: int) -> float:

@@ -29,6 +29,7 @@ import math
 import mmap
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -40,6 +41,7 @@ from analysis.engines.recorder import Recorder
 from analysis.engines.replay import (
     ReplayEngine,
     build_replay_engine,
+    charge_scheduled,
     last_turn_indices,
     new_request,
 )
@@ -371,14 +373,7 @@ class _Clocked:
                 clock.wait_until(arrivals.next_time())
                 continue
             recorder.mark_step(scheduler.current_step + 1, clock.now())
-
-            def forward(admitted: int = len(due)) -> None:
-                start = clock.now()
-                cost = profile.step_seconds(self.steps.last())
-                self.steps.timed(start, cost, admitted, profile.admit_s * admitted, profile.loop_s)
-                clock.advance(cost)
-
-            finished = step_once(forward)
+            finished = step_once(partial(charge_scheduled, self.steps, profile, clock, len(due)))
             if finished:
                 arrivals.after_finished(finished, clock.now())
             clock.advance(profile.loop_s)
@@ -387,9 +382,7 @@ class _Clocked:
 def timed_requests(workload: Workload, recorder: Recorder) -> pd.DataFrame:
     """Each request's times on the clock: arrival, first token, finish; TTFT and end to end."""
     finished = recorder.finish_step >= 0
-    arrival = np.where(
-        np.isnan(recorder.arrival_seconds), recorder.submit_seconds, recorder.arrival_seconds
-    )
+    arrival = recorder.arrival_times()
     return pd.DataFrame(
         {
             "request_index": np.arange(len(workload.specs)),
