@@ -18,6 +18,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--model", default=None, help="a registered shape or folder (default: the device's)"
     )
     parser.add_argument("--block-size", type=int, default=None)
+    # A server's limits, so that its profile holds for it (a CPU server's defaults differ from
+    # the offline engine's: 2048 tokens and 128 requests per step against 4096 and 256).
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--max-num-seqs", type=int, default=None)
     parser.add_argument(
         "--no-validate", action="store_true", help="fit only; skip the held-out workloads"
     )
@@ -38,7 +43,12 @@ def main(args: argparse.Namespace) -> int:
     from analysis.timing import calibrate, write
     from analysis.timing.calibration import base_config
 
-    base = base_config(args.device, args.model, args.block_size)
+    settings = {
+        name: getattr(args, name)
+        for name in ("max_model_len", "max_num_batched_tokens", "max_num_seqs")
+        if getattr(args, name) is not None
+    }
+    base = base_config(args.device, args.model, args.block_size, settings)
     name = f"{args.device}-{base.model or 'tiny-llama'}-b{base.block_size}"
     folder = args.out or results_dir() / "calibration" / name
     ensure_writable(folder.parent)
@@ -50,6 +60,7 @@ def main(args: argparse.Namespace) -> int:
         args.device,
         model=args.model,
         block_size=args.block_size,
+        settings=settings,
         validate=not args.no_validate,
         repeats=args.repeats,
     )

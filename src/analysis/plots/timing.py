@@ -1,4 +1,5 @@
-"""Figures of notebook 17: replay on a calibrated clock against the real engine."""
+"""Figures of replay on a calibrated clock: against the real engine (notebook 17) and against
+the real server (notebook 08)."""
 
 from __future__ import annotations
 
@@ -79,5 +80,55 @@ def timeline_figure(sides: dict[str, pd.DataFrame], seconds: float, title: str) 
     axes[0].legend(fontsize=8, loc="upper left")
     axes[-1].set_xlabel("time since the first arrival (s)")
     fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def served_cells_figure(table: pd.DataFrame, repeats: pd.DataFrame) -> Figure:
+    """Predicted against measured, one point per cell, for median TTFT and mean TPOT: the
+    measured point is the median of the repeats, its bar their range; filled: held out."""
+    panels = {"p50_ttft": "median TTFT (s)", "mean_tpot": "mean TPOT (s per token)"}
+    fig, axes = plt.subplots(1, len(panels), figsize=(10.5, 5))
+    colors = {"cache": "#1f77b4", "no_cache": "#444444"}
+    for ax, (statistic, label) in zip(axes, panels.items(), strict=True):
+        rows = table[table["statistic"] == statistic]
+        spread = (
+            repeats[repeats["statistic"] == statistic]
+            .groupby(["mode", "prefix_regime", "concurrency"])["measured"]
+            .agg(["min", "max"])
+        )
+        for row in rows.itertuples(index=False):
+            low, high = spread.loc[(row.mode, row.prefix_regime, row.concurrency)]
+            held = row.family == "held out"
+            ax.errorbar(
+                row.measured_median_of_repeats,
+                row.predicted,
+                xerr=[
+                    [row.measured_median_of_repeats - low],
+                    [high - row.measured_median_of_repeats],
+                ],
+                fmt="o",
+                color=colors.get(row.mode, "C2"),
+                mfc=colors.get(row.mode, "C2") if held else "white",
+                capsize=2,
+            )
+        both = pd.concat([rows["measured_median_of_repeats"], rows["predicted"]])
+        line = np.array([both.min() * 0.8, both.max() * 1.25])
+        ax.plot(line, line, "k:", lw=1)
+        ax.fill_between(line, line * 0.9, line * 1.1, color="0.9", zorder=0)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"measured {label}, real server\n(median of repeats; bar: their range)")
+        ax.set_ylabel(f"predicted {label}\nreplay on the clock")
+    handles = [
+        plt.Line2D([], [], marker="o", ls="", color=colors["cache"], label="caching on"),
+        plt.Line2D([], [], marker="o", ls="", color=colors["no_cache"], label="caching off"),
+        plt.Line2D([], [], marker="o", ls="", color="0.5", mfc="white", label="fitted (1 client)"),
+        plt.Line2D([], [], marker="o", ls="", color="0.5", label="held out"),
+    ]
+    axes[-1].legend(handles=handles, fontsize=8, loc="upper left")
+    fig.suptitle(
+        "Replay on this machine's clock against the real server (dotted: equal; band: ±10 %)"
+    )
     fig.tight_layout()
     return fig

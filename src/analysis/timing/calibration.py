@@ -16,7 +16,7 @@ Everything lands in one folder: `steps.parquet` (every measured step, its worklo
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -66,28 +66,38 @@ class Calibration:
     held_out_steps: pd.DataFrame | None = None
 
 
-def base_config(device: str, model: str | None = None, block_size: int | None = None) -> RunConfig:
+def base_config(
+    device: str,
+    model: str | None = None,
+    block_size: int | None = None,
+    settings: Mapping[str, Any] | None = None,
+) -> RunConfig:
+    """The device's calibration engine, with another model, block size or engine settings
+    (a server's batch limits, say: a profile holds for the settings it was measured with)."""
     base = BASE[device]
     if model is not None:
         base = base.with_(model=model)
     if block_size is not None:
         base = base.with_(block_size=block_size)
-    return base
+    return base.with_(**settings) if settings else base
 
 
 def machine_identity(device: str) -> dict[str, Any]:
     """The machine a profile's times belong to: the GPU by name, or the CPU by what decides
-    its speed (torch's capability, name, cores)."""
+    its speed (torch's capability, name, cores, and the threads torch computes with)."""
     from analysis.platform.hardware import machine
 
     facts = machine()
     if device == "cuda":
         return {"kind": "cuda", "gpu": facts.cuda_device}
+    import torch
+
     return {
         "kind": "cpu",
         "cpu_capability": facts.cpu_capability,
         "cpu": facts.cpu_name,
         "cores": facts.cores,
+        "torch_threads": torch.get_num_threads(),  # a server's engine runs on one
     }
 
 
@@ -127,12 +137,13 @@ def calibrate(
     *,
     model: str | None = None,
     block_size: int | None = None,
+    settings: Mapping[str, Any] | None = None,
     validate: bool = True,
     repeats: int = 1,
     say: Callable[[str], None] = print,
 ) -> Calibration:
     """Measure, fit and (by default) validate on the held-out workloads."""
-    base = base_config(device, model, block_size)
+    base = base_config(device, model, block_size, settings)
     say(f"calibrating on the real {device} engine ({base.model or 'local tiny Llama'})")
     steps, identity = measure_steps(base, calibration_workloads(device), say)
     identity["machine"] = machine_identity(device)

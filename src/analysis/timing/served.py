@@ -1,0 +1,383 @@
+"""Replay on this machine's clock against the real HTTP server, cell by cell.
+
+A server does more than its engine, and two named terms hold the rest:
+- `frontend_s` (s per request): the HTTP round trip, the hand-over to the engine process and
+  back, the first streamed chunk. It is added to every request's TTFT and end-to-end time,
+  and it passes between a closed-loop client's reply and its next request (replay's think
+  time);
+- `step_s` (s per engine step, added to the profile's `fixed` term): in a server the engine
+  runs in its own process, and every step's outputs cross to the front end, which
+  detokenizes and streams them, on the same cores.
+Both are fitted on the one-client cells, where nothing queues and TTFT and TPOT are the
+engine's own cost plus the server's: the calibration family. Every cell with more clients,
+caching on and off, is held out. The step-cost profile itself is measured on the real
+engine alone (`analysis.timing.calibration`), never on the server.
+
+A cell's requests (`analysis.serving.replayable`) replay as the client sent them: the warm-up
+request alone, then each client's requests one after another (request i to client i mod C).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.engines.clock import StepCostProfile
+from analysis.engines.config import RunConfig
+from analysis.metrics.oracles import Checks
+from analysis.platform.manifest import write_json
+from analysis.runs import run
+from analysis.timing.held_out import GOALS
+
+CELL_KEYS = ["mode", "prefix_regime", "concurrency"]
+FITTED_CLIENTS = 1
+# The measured requests start this long after the warm-up request was sent: long after it
+# finished (checked), so the cache holds its prefix and the engine is idle, as on the server.
+MEASURED_AFTER_S = 600.0
+# A pool larger than any cell here needs, so that nothing is evicted or preempted (checked).
+NUM_BLOCKS = 4096
+
+
+@dataclass(frozen=True)
+class ServerTerms:
+    """What the server adds to its engine, in seconds."""
+
+    frontend_s: float = 0.0
+    step_s: float = 0.0
+
+    def table(self) -> pd.DataFrame:
+        return pd.DataFrame(
+            [
+                ("frontend_s", self.frontend_s, "s per request (HTTP, hand-over, first chunk)"),
+                ("step_s", self.step_s, "s per engine step (outputs handed to the front end)"),
+            ],
+            columns=["term", "value", "unit"],
+        )
+
+
+def with_server(profile: StepCostProfile, terms: ServerTerms) -> StepCostProfile:
+    """The engine's profile with the server's cost per step in its `fixed` term."""
+    coefficients = dict(profile.coefficients)
+    coefficients["fixed"] = coefficients.get("fixed", 0.0) + terms.step_s
+    return replace(profile, coefficients=coefficients)
+
+
+def cell_trace(requests: pd.DataFrame, concurrency: int) -> pd.DataFrame:
+    """One repeat of a cell as a replay trace with timestamps: the warm-up alone at 0, then
+    each client's requests as one conversation whose turns all fall due at MEASURED_AFTER_S
+    (so that each goes as soon as the think time after the client's previous reply has
+    passed)."""
+    rows = []
+    measured = requests[~requests["warmup"]].reset_index(drop=True)
+    for row in requests[requests["warmup"]].itertuples(index=False):
+        rows.append(_trace_row(row, f"warmup/{row.request_id}", 0, 0.0))
+    for index, row in enumerate(measured.itertuples(index=False)):
+        client = f"client{index % concurrency}"
+        rows.append(_trace_row(row, client, index // concurrency, MEASURED_AFTER_S))
+    return pd.DataFrame(rows)
+
+
+def _trace_row(row: Any, conversation: str, turn: int, timestamp: float) -> dict[str, Any]:
+    # the reply: ordinary ids (never end-of-text), as long as the server was asked to stream
+    reply = np.arange(1000, 1000 + int(row.max_tokens), dtype=np.int32)
+    return {
+        "request_id": row.request_id,
+        "conversation_id": conversation,
+        "turn_index": turn,
+        "prompt_ids": np.asarray(row.prompt_ids, dtype=np.int32),
+        "response_ids": reply,
+        "timestamp": timestamp,
+    }
+
+
+def replay_cell(
+    requests: pd.DataFrame,
+    settings: dict[str, Any],
+    profile_path: Path,
+    terms: ServerTerms,
+) -> pd.DataFrame:
+    """A cell's requests (one repeat: every repeat sends the same) replayed on the clock, as
+    the client sees them: TTFT, end-to-end and start, with the server's per-request term."""
+    first = requests[requests["repeat"] == requests["repeat"].min()]
+    cell = first.iloc[0]
+    config = RunConfig(
+        engine="replay",
+        device="cpu",
+        num_blocks=NUM_BLOCKS,
+        outputs="recorded",
+        mode="timestamps",
+        think_time_s=terms.frontend_s,
+        prefix_caching=cell["mode"] == "cache",
+        clock=str(profile_path),
+        **settings,
+    )
+    result = run(cell_trace(first, int(cell["concurrency"])), config, progress=False)
+    replayed = result.requests
+    measured = _is_measured(replayed)
+    if (replayed["status"] != "finished").any() or replayed["preemptions"].sum():
+        raise AssertionError(f"replay of cell {dict(cell[CELL_KEYS])} lost or preempted requests")
+    if replayed.loc[~measured, "finish_s"].max() >= MEASURED_AFTER_S:
+        raise AssertionError("the warm-up had not finished when the measured requests started")
+    decode_tokens = (replayed["output_tokens"] - 1).clip(lower=1)
+    return pd.DataFrame(
+        {
+            **{key: cell[key] for key in CELL_KEYS},
+            "request_id": replayed["request_id"],
+            "warmup": ~measured,
+            "start_s": replayed["arrival_s"],
+            "ttft_s": replayed["ttft_s"] + terms.frontend_s,
+            "e2e_s": replayed["e2e_s"] + terms.frontend_s,
+            "tpot_s": (replayed["finish_s"] - replayed["first_token_s"]) / decode_tokens,
+            "output_tokens": replayed["output_tokens"],
+            # vLLM leaves -1 where caching is off: nothing was served from the cache
+            "cached_tokens": replayed["cached_tokens"].clip(lower=0),
+        }
+    )
+
+
+def _is_measured(requests: pd.DataFrame) -> pd.Series:
+    return ~requests["conversation_id"].str.startswith("warmup/")
+
+
+def replay_cells(
+    cells: pd.DataFrame,
+    settings: dict[str, Any],
+    profile: StepCostProfile,
+    terms: ServerTerms,
+    scratch: Path,
+) -> pd.DataFrame:
+    """Every cell replayed on `profile` with the server's terms."""
+    path = Path(scratch) / "profile-with-server.json"
+    write_json(path, with_server(profile, terms).to_dict())
+    return pd.concat(
+        [
+            replay_cell(group, settings, path, terms)
+            for _, group in cells.groupby(CELL_KEYS, sort=False)
+        ],
+        ignore_index=True,
+    )
+
+
+def matched(cells: pd.DataFrame, predicted: pd.DataFrame) -> pd.DataFrame:
+    """Each measured request (every repeat, warm-ups left out) beside its prediction."""
+    sent = cells[~cells["warmup"] & (cells["status"] == "ok")]
+    columns = ["ttft_s", "e2e_s", "tpot_s", "start_s"]
+    return sent[[*CELL_KEYS, "repeat", "request_id", "output_tokens", *columns]].merge(
+        predicted[[*CELL_KEYS, "request_id", *columns]],
+        on=[*CELL_KEYS, "request_id"],
+        suffixes=("_measured", "_predicted"),
+        validate="many_to_one",
+    )
+
+
+def fit_terms(
+    cells: pd.DataFrame, settings: dict[str, Any], profile: StepCostProfile, scratch: Path
+) -> ServerTerms:
+    """The server's two terms from the one-client cells: first its cost per step (what the
+    server's TPOT exceeds the engine's by: one step per token with one client), then, with
+    it in the clock, its cost per request (what its TTFT exceeds the engine's by).
+    Medians over requests; a term is never negative."""
+    ones = cells[cells["concurrency"] == FITTED_CLIENTS]
+    engine_only = matched(ones, replay_cells(ones, settings, profile, ServerTerms(), scratch))
+    decoding = engine_only[engine_only["output_tokens"] > 1]
+    step = max(0.0, float((decoding["tpot_s_measured"] - decoding["tpot_s_predicted"]).median()))
+    stepped = matched(
+        ones, replay_cells(ones, settings, profile, ServerTerms(step_s=step), scratch)
+    )
+    frontend = float((stepped["ttft_s_measured"] - stepped["ttft_s_predicted"]).median())
+    return ServerTerms(frontend_s=max(0.0, frontend), step_s=step)
+
+
+STATISTICS = {
+    "p50_ttft": lambda t, side: t[f"ttft_s_{side}"].median(),
+    "p90_ttft": lambda t, side: t[f"ttft_s_{side}"].quantile(0.9),
+    "mean_tpot": lambda t, side: t.loc[t["output_tokens"] > 1, f"tpot_s_{side}"].mean(),
+    "throughput_req": lambda t, side: (
+        len(t) / ((t[f"start_s_{side}"] + t[f"e2e_s_{side}"]).max() - t[f"start_s_{side}"].min())
+    ),
+}
+
+
+def per_repeat(pairs: pd.DataFrame) -> pd.DataFrame:
+    """Each statistic per cell and repeat, measured and predicted (the prediction is the same
+    for every repeat: they sent the same requests)."""
+    rows = []
+    for (*cell, repeat), table in pairs.groupby([*CELL_KEYS, "repeat"], sort=False):
+        for name, statistic in STATISTICS.items():
+            rows.append(
+                {
+                    **dict(zip(CELL_KEYS, cell, strict=True)),
+                    "repeat": repeat,
+                    "statistic": name,
+                    "measured": float(statistic(table, "measured")),
+                    "predicted": float(statistic(table, "predicted")),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def errors(pairs: pd.DataFrame) -> pd.DataFrame:
+    """Per cell and statistic: the median over repeats of the measured value, the prediction,
+    its relative error, the server's own spread (the repeat farthest from that median, in the
+    same terms), the goal, and whether the error is within the goal or within that spread.
+    One-client cells are the fitted family; the others are held out."""
+    repeats = per_repeat(pairs)
+    rows = []
+    for (*cell, name), table in repeats.groupby([*CELL_KEYS, "statistic"], sort=False):
+        measured = float(table["measured"].median())
+        predicted = float(table["predicted"].iloc[0])
+        spread = float((table["measured"] / measured - 1.0).abs().max())
+        error = predicted / measured - 1.0
+        goal = GOALS[f"{name}_error"]
+        met_by = (
+            "the goal"
+            if abs(error) <= goal
+            else ("the server's own spread" if abs(error) <= spread else "missed")
+        )
+        rows.append(
+            {
+                **dict(zip(CELL_KEYS, cell, strict=True)),
+                "family": "fitted" if cell[2] == FITTED_CLIENTS else "held out",
+                "statistic": name,
+                "measured_median_of_repeats": measured,
+                "predicted": predicted,
+                "error": error,
+                "server_repeat_spread": spread,
+                "goal": goal,
+                "met_by": met_by,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def calibrate_like_server(
+    settings: dict[str, Any],
+    folder: Path,
+    torch_threads: int,
+    say: Any = print,
+    device: str = "cpu",
+) -> StepCostProfile:
+    """The engine's step-cost profile measured as the server runs it: the same model and
+    limits, and the server's torch threads (vLLM's server drops to one for serving, where the
+    offline engine uses every core), so in a process of its own. Kept in `folder`, and
+    measured again only when the settings or threads differ."""
+    import os
+    import subprocess
+    import sys
+
+    from analysis.engines.clock import load_profile
+
+    path = Path(folder) / "profile.json"
+    if path.is_file():
+        kept = load_profile(path)
+        settings_kept = kept.identity.get("engine_settings", {})
+        if (
+            kept.identity.get("machine", {}).get("torch_threads") == torch_threads
+            and settings_kept.get("max_num_batched_tokens") == settings["max_num_batched_tokens"]
+            and settings_kept.get("block_size") == settings["block_size"]
+            and kept.identity.get("model", {}).get("name") == settings["model"]
+        ):
+            return kept
+    command = [sys.executable, "-m", "analysis", "calibrate", "--device", device, "--no-validate"]
+    for name, value in settings.items():
+        command += [f"--{name.replace('_', '-')}", str(value)]
+    command += ["--out", str(folder)]
+    say(f"calibrating the engine with {torch_threads} torch thread(s): {' '.join(command[1:])}")
+    env = {**os.environ, "OMP_NUM_THREADS": str(torch_threads)}
+    subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL)
+    return load_profile(path)
+
+
+def checks(cells: pd.DataFrame, predicted: pd.DataFrame, table: pd.DataFrame) -> Checks:
+    """What holds whatever the machine's speed: replay served each measured request from
+    cache exactly as many prompt tokens as the server reported; every cell was replayed and
+    compared on every statistic; the held-out cells are the ones with more than one client."""
+    pairs = cells[~cells["warmup"]].merge(
+        predicted[[*CELL_KEYS, "request_id", "cached_tokens"]],
+        on=[*CELL_KEYS, "request_id"],
+        suffixes=("", "_replayed"),
+    )
+    same = int((pairs["cached_tokens"] == pairs["cached_tokens_replayed"]).sum())
+    cell_count = cells[CELL_KEYS].drop_duplicates().shape[0]
+    compared = table.groupby(CELL_KEYS).size()
+    held = table[table["family"] == "held out"]
+    result = Checks()
+    result.add(
+        "replay's cached tokens = the server's, request by request (every repeat)",
+        len(pairs),
+        same,
+    )
+    result.add(
+        "cells compared on all four statistics",
+        cell_count,
+        int((compared == len(STATISTICS)).sum()),
+    )
+    result.add(
+        "held-out cells: every one with more than one client",
+        int(cells.loc[cells["concurrency"] > FITTED_CLIENTS, CELL_KEYS].drop_duplicates().shape[0]),
+        int(held[CELL_KEYS].drop_duplicates().shape[0]),
+    )
+    return result
+
+
+def reading(table: pd.DataFrame, terms: ServerTerms, torch_threads: int) -> str:
+    """The comparison in words, every number from the table: how many held-out statistics
+    met the goal or the server's own spread, and each miss by name."""
+    held = table[table["family"] == "held out"]
+    goal = int((held["met_by"] == "the goal").sum())
+    spread = int((held["met_by"] == "the server's own spread").sum())
+    misses = held[held["met_by"] == "missed"]
+    lines = [
+        f"The server's terms, fitted on the one-client cells: {terms.frontend_s * 1e3:.1f} ms per "
+        f"request and {terms.step_s * 1e3:.1f} ms per step, on an engine profile measured with "
+        f"{torch_threads} torch thread(s), as the server runs. Of {len(held)} held-out "
+        f"statistics ({held[CELL_KEYS].drop_duplicates().shape[0]} cells x "
+        f"{len(STATISTICS)}), {goal} are within the goal and {spread} more within the "
+        f"server's own repeat-to-repeat spread; {len(misses)} miss:",
+        "",
+    ]
+    for row in misses.itertuples(index=False):
+        lines.append(
+            f"- {row.mode}, prefix {row.prefix_regime}, {row.concurrency} clients, "
+            f"{row.statistic}: predicted {row.predicted:.4g} against "
+            f"{row.measured_median_of_repeats:.4g} measured ({row.error:+.0%}; goal "
+            f"{row.goal:.0%}, spread {row.server_repeat_spread:.0%})"
+        )
+    return "\n".join(lines)
+
+
+@dataclass
+class ServedComparison:
+    profile: StepCostProfile
+    terms: ServerTerms
+    predicted: pd.DataFrame  # per request, as the client would see it
+    repeats: pd.DataFrame  # per cell, repeat and statistic: measured and predicted
+    table: pd.DataFrame  # per cell and statistic: errors against the goal (errors())
+    checks: Checks
+
+
+def compare_with_server(
+    cells: pd.DataFrame,
+    settings: dict[str, Any],
+    calibration: Path,
+    torch_threads: int,
+    say: Any = print,
+    device: str = "cpu",
+) -> ServedComparison:
+    """Calibrate the engine as the server runs it, fit the server's terms on the one-client
+    cells, replay every cell and set it beside the server's measurements."""
+    import tempfile
+
+    profile = calibrate_like_server(settings, calibration, torch_threads, say, device)
+    with tempfile.TemporaryDirectory() as scratch:
+        terms = fit_terms(cells, settings, profile, Path(scratch))
+        predicted = replay_cells(cells, settings, profile, terms, Path(scratch))
+    pairs = matched(cells, predicted)
+    table = errors(pairs)
+    return ServedComparison(
+        profile, terms, predicted, per_repeat(pairs), table, checks(cells, predicted, table)
+    )
