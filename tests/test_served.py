@@ -7,7 +7,9 @@ import pandas as pd
 import pytest
 
 from analysis.engines.clock import StepCostProfile
-from analysis.serving import loadgen
+from analysis.serving import loadgen, replayable
+from analysis.serving.bench_config import ServingBenchConfig
+from analysis.serving.loadgen.workloads import shared_prefix
 from analysis.timing import served
 
 SETTINGS = {
@@ -124,3 +126,143 @@ def test_replayed_cached_tokens_that_differ_from_the_server_fail_the_check(tmp_p
     measured.loc[measured["mode"] == "no_cache", "cached_tokens"] = 32
     with pytest.raises(AssertionError, match="cached tokens"):
         served.checks(measured, truth, table).assert_all()
+
+
+def test_cells_to_predict_reach_a_steady_state_at_every_client_count():
+    config = ServingBenchConfig(prefixes=(0, 256), concurrency=(1,), requests=12, output_tokens=4)
+    cells = replayable.synthetic_cells_to_predict(config, (0, 256), (1, 8, 64), waves=3)
+    sizes = cells[~cells["warmup"]].groupby(served.CELL_KEYS).size()
+    assert len(sizes) == 2 * 3 * 2  # prefixes x clients x modes
+    for (_, _, clients), size in sizes.items():
+        assert size == max(12, 3 * clients)
+    assert (cells.groupby(served.CELL_KEYS)["warmup"].sum() == 1).all()
+    assert set(cells["prompt_ids"].map(len)) == {24, 256 + 24}
+
+
+@pytest.mark.engine
+def test_cells_beyond_the_measured_ones_are_predicted_on_the_validated_clock(tmp_path):
+    cells = sent_cells()
+    known = served.ServerTerms(frontend_s=0.01, step_s=0.002)
+    measured = measured_by(cells, served.replay_cells(cells, SETTINGS, PROFILE, known, tmp_path))
+    predicted = served.replay_cells(measured, SETTINGS, PROFILE, known, tmp_path)
+    pairs = served.matched(measured, predicted)
+    table = served.errors(pairs)
+    comparison = served.ServedComparison(
+        PROFILE,
+        known,
+        predicted,
+        served.per_repeat(pairs),
+        table,
+        served.checks(measured, predicted, table),
+    )
+    # the measured cells again: the curves pass through what the comparison predicted there
+    curves = served.predict_cells(cells[cells["repeat"] == 0], SETTINGS, comparison)
+    at_measured = table.pivot_table(index=served.CELL_KEYS, columns="statistic", values="predicted")
+    for statistic in served.STATISTICS:
+        assert curves.set_index(served.CELL_KEYS)[statistic].to_dict() == pytest.approx(
+            at_measured[statistic].to_dict()
+        )
+    text = served.curves_reading(curves, table)
+    on = curves[(curves["mode"] == "cache") & (curves["concurrency"] == 3)]["throughput_req"]
+    assert f"{on.iloc[0]:.3g} requests/s" in text and "3 clients and a 256-token prefix" in text
+
+
+def test_the_served_figures_plot_every_cell_with_labelled_axes():
+    from analysis.plots import timing as timing_plots
+
+    rows, repeats, curves = [], [], []
+    for mode in ("cache", "no_cache"):
+        for clients in (1, 4):
+            for statistic in served.STATISTICS:
+                cell = {"mode": mode, "prefix_regime": "256", "concurrency": clients}
+                measured = 0.05 * clients if mode == "no_cache" else 0.02 * clients
+                family = "fitted" if clients == 1 else "held out"
+                rows.append(
+                    {
+                        **cell,
+                        "family": family,
+                        "statistic": statistic,
+                        "measured_median_of_repeats": measured,
+                        "predicted": measured * 1.1,
+                    }
+                )
+                repeats += [
+                    {**cell, "statistic": statistic, "measured": measured * f}
+                    for f in (0.9, 1.0, 1.2)
+                ]
+        for clients in (1, 2, 4, 8):
+            curves.append(
+                {
+                    "mode": mode,
+                    "prefix_regime": "256",
+                    "concurrency": clients,
+                    **{s: 0.01 * clients for s in served.STATISTICS},
+                }
+            )
+    table, repeats, curves = pd.DataFrame(rows), pd.DataFrame(repeats), pd.DataFrame(curves)
+    scatter = timing_plots.served_cells_figure(table, repeats)
+    lines = timing_plots.served_curves_figure(curves, table)
+    for fig in (scatter, lines):
+        for ax in fig.axes:
+            assert ax.get_xlabel() and ax.get_ylabel()
+    # one point (with its range) per cell and panel; one line per prefix and mode
+    assert all(len(ax.containers) == 4 for ax in scatter.axes)
+    assert len([line for line in lines.axes[0].lines if len(line.get_xdata()) == 4]) == 2
+
+
+def conversation_cells() -> pd.DataFrame:
+    """Two repeats of a closed loop of 2 clients over 4 conversations of 3 turns, each turn's
+    prompt the previous one grown (as a chat's history grows)."""
+    rows = []
+    for mode in ("cache", "no_cache"):
+        for repeat in range(2):
+            for conversation in range(4):
+                prompt = list(shared_prefix(96, "history", conversation))
+                for turn in range(3):
+                    prompt += loadgen.ordinary_ids(40, "turn", conversation, turn)
+                    rows.append(
+                        {
+                            "mode": mode,
+                            "prefix_regime": "sharegpt",
+                            "concurrency": 2,
+                            "repeat": repeat,
+                            "request_id": f"c{conversation}/{turn}",
+                            "conversation": f"c{conversation}",
+                            "warmup": False,
+                            "status": "ok",
+                            "prompt_ids": list(prompt),
+                            "max_tokens": 5,
+                        }
+                    )
+    return pd.DataFrame(rows)
+
+
+def test_a_conversation_cell_replays_as_a_closed_loop_of_its_conversations():
+    cells = conversation_cells()
+    one = cells[(cells["mode"] == "cache") & (cells["repeat"] == 0)]
+    trace = served.conversation_trace(one)
+    assert trace["conversation_id"].nunique() == 4
+    assert trace.groupby("conversation_id")["turn_index"].apply(list).tolist() == [[0, 1, 2]] * 4
+
+
+@pytest.mark.engine
+def test_another_workload_is_predicted_with_the_kept_profile_and_terms(tmp_path):
+    from analysis.platform.errors import ConfigError
+    from analysis.platform.manifest import write_json
+
+    with pytest.raises(ConfigError, match="run notebook 08 first"):
+        served.read_validated(tmp_path)
+    known = served.ServerTerms(frontend_s=0.008, step_s=0.0015)
+    write_json(tmp_path / "profile.json", PROFILE.to_dict())
+    served.write_terms(tmp_path, known, ["run-a"])
+    cells = conversation_cells()
+    measured = measured_by(cells, served.replay_cells(cells, SETTINGS, PROFILE, known, tmp_path))
+    # a later turn re-uses its conversation's history: the server's cached tokens, replayed
+    later = measured[(measured["mode"] == "cache") & measured["request_id"].str.endswith("/2")]
+    assert (later["cached_tokens"] > 0).all()
+
+    held = served.held_out_against_server(measured, SETTINGS, tmp_path)
+    assert held.terms == known
+    assert (held.table["family"] == "held out").all()
+    assert held.table["error"].abs().max() < 1e-9
+    held.checks.assert_all()

@@ -7,6 +7,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 
 def ttft_scatter_figure(per_request: pd.DataFrame, where: str) -> Figure:
@@ -130,5 +131,46 @@ def served_cells_figure(table: pd.DataFrame, repeats: pd.DataFrame) -> Figure:
     fig.suptitle(
         "Replay on this machine's clock against the real server (dotted: equal; band: ±10 %)"
     )
+    fig.tight_layout()
+    return fig
+
+
+def served_curves_figure(curves: pd.DataFrame, table: pd.DataFrame) -> Figure:
+    """Predicted median TTFT and throughput against clients, caching on and off, one colour
+    per prefix; the server's measured medians (of repeats) as markers where it ran."""
+    panels = {"p50_ttft": "median TTFT (s)", "throughput_req": "throughput (requests/s)"}
+    prefixes = sorted(curves["prefix_regime"].unique(), key=int)
+    colors = dict(
+        zip(prefixes, plt.get_cmap("viridis")(np.linspace(0.1, 0.8, len(prefixes))), strict=True)
+    )
+    fig, axes = plt.subplots(1, len(panels), figsize=(11, 4.6))
+    for ax, (statistic, label) in zip(axes, panels.items(), strict=True):
+        for prefix in prefixes:
+            for mode in ("cache", "no_cache"):
+                rows = curves[(curves["prefix_regime"] == prefix) & (curves["mode"] == mode)]
+                rows = rows.sort_values("concurrency")
+                ax.plot(
+                    rows["concurrency"],
+                    rows[statistic],
+                    "-" if mode == "cache" else "--",
+                    color=colors[prefix],
+                    label=f"{prefix} tokens, caching {'on' if mode == 'cache' else 'off'}",
+                )
+        measured = table[table["statistic"] == statistic]
+        for row in measured.itertuples(index=False):
+            ax.plot(
+                row.concurrency,
+                row.measured_median_of_repeats,
+                "s" if row.mode == "cache" else "o",
+                color=colors[row.prefix_regime],
+                mfc="white",
+            )
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+        ax.set_yscale("log")
+        ax.set_xlabel("closed-loop clients")
+        ax.set_ylabel(f"{label}\nlines: replay on the clock; markers: server")
+    axes[0].legend(fontsize=7, title="shared prefix", title_fontsize=8)
+    fig.suptitle("Predicted by replay beyond what the server measured (open markers: measured)")
     fig.tight_layout()
     return fig

@@ -1,20 +1,23 @@
 """What a benchmark cell sent, beside what the server measured: rows a clock can replay.
 
-A synthetic cell's prompts are deterministic, so they are rebuilt from its configuration and
-joined to the per-request records of every repeat. `scheduler_limits` names the batch limits
+A cell's prompts are deterministic (synthetic requests, or the ShareGPT trace's first
+conversations), so they are rebuilt from its configuration and joined to the per-request
+records of every repeat. `scheduler_limits` names the batch limits
 the server ran with (vLLM's own defaults for an API server where the configuration left them
 unset), so that whatever replays a cell schedules it under the same limits.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import pandas as pd
 
 from analysis.platform.errors import WorkloadError
 from analysis.serving.bench_config import RunKey, ServingBenchConfig
-from analysis.serving.bench_run import synthetic_specs
+from analysis.serving.bench_run import sharegpt_specs, synthetic_specs
 from analysis.serving.model_names import DEFAULT_CPU_MODEL
 from analysis.serving.storage import load_requests
 
@@ -45,26 +48,15 @@ def engine_settings(config: ServingBenchConfig) -> dict[str, Any]:
     }
 
 
-def synthetic_cell_requests(config: ServingBenchConfig, table: pd.DataFrame) -> pd.DataFrame:
-    """Every request of every repeat of the synthetic cells in `table` (the summary table of
+def cell_requests(config: ServingBenchConfig, table: pd.DataFrame) -> pd.DataFrame:
+    """Every request of every repeat of the cells in `table` (the summary table of
     `run_serving_bench`): its prompt ids and reply length as sent, and what the client measured
-    (`start_s`, `ttft_s`, `e2e_s`, `tpot_s`, `status`, `warmup`)."""
-    if config.workload != "synthetic":
-        raise WorkloadError(
-            f"only synthetic cells are rebuilt from their config, not {config.workload!r}"
-        )
+    (`start_s`, `ttft_s`, `e2e_s`, `tpot_s`, `status`, `warmup`). ShareGPT cells also name
+    each request's `conversation` (its turns go in order, each after the previous reply)."""
     frames = []
     for cell in table.itertuples(index=False):
-        key = RunKey(cell.mode, str(cell.prefix_regime), int(cell.concurrency))
         sent = pd.DataFrame(
-            [
-                {
-                    "request_id": s.request_id,
-                    "prompt_ids": list(s.prompt_ids),
-                    "max_tokens": s.max_tokens,
-                }
-                for s in synthetic_specs(config, key)
-            ]
+            _sent(config, RunKey(cell.mode, str(cell.prefix_regime), int(cell.concurrency)))
         )
         measured = load_requests([cell.run_id])
         rows = measured.merge(sent, on="request_id", how="left", validate="many_to_one")
@@ -75,6 +67,25 @@ def synthetic_cell_requests(config: ServingBenchConfig, table: pd.DataFrame) -> 
             )
         frames.append(rows.assign(**_cell(cell)))
     return pd.concat(frames, ignore_index=True)
+
+
+def _sent(config: ServingBenchConfig, key: RunKey) -> list[dict[str, Any]]:
+    """What one cell sends, as rows: synthetic requests, or ShareGPT conversations' turns."""
+    if config.workload == "sharegpt":
+        return [
+            {
+                "request_id": spec.request_id,
+                "conversation": str(spec.group),
+                "prompt_ids": list(spec.prompt_ids),
+                "max_tokens": spec.max_tokens,
+            }
+            for conversation in sharegpt_specs(config).conversations
+            for spec in conversation
+        ]
+    return [
+        {"request_id": s.request_id, "prompt_ids": list(s.prompt_ids), "max_tokens": s.max_tokens}
+        for s in synthetic_specs(config, key)
+    ]
 
 
 def _cell(cell: Any) -> dict[str, Any]:
@@ -94,3 +105,35 @@ def server_torch_threads() -> int:
         return max(1, int(os.environ.get("OMP_NUM_THREADS", "1")))
     except ValueError:
         return 1
+
+
+def synthetic_cells_to_predict(
+    config: ServingBenchConfig,
+    prefixes: Sequence[int],
+    clients: Sequence[int],
+    *,
+    waves: int,
+) -> pd.DataFrame:
+    """The benchmark's workload at prefixes and client counts no server ran, both modes, as
+    rows a clock can replay (nothing measured): each cell sends the benchmark's requests or
+    `waves` rounds of its clients, whichever is more, so that it reaches a steady state."""
+    rows = []
+    for prefix in prefixes:
+        for count in clients:
+            cell_config = replace(config, requests=max(config.requests, waves * count))
+            for mode in config.modes:
+                key = RunKey(mode, str(prefix), int(count))
+                for spec in synthetic_specs(cell_config, key):
+                    rows.append(
+                        {
+                            "mode": mode,
+                            "prefix_regime": str(prefix),
+                            "concurrency": int(count),
+                            "repeat": 0,
+                            "request_id": spec.request_id,
+                            "warmup": spec.warmup,
+                            "prompt_ids": list(spec.prompt_ids),
+                            "max_tokens": spec.max_tokens,
+                        }
+                    )
+    return pd.DataFrame(rows)

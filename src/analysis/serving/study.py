@@ -238,8 +238,13 @@ def synthetic_section(
 ) -> tuple[Any, Plan]:
     """Notebook 08's grid: every prefix x concurrency, caching on and off, `repeats` each."""
     chosen = plan(pair, study, synthetic_cells(study))
-    config = study.bench(requests=chosen.requests, request_timeout_s=chosen.timeout_s)
+    config = synthetic_config(study, chosen)
     return serving.run_serving_bench(config, servers=pair, force=force, progress=False), chosen
+
+
+def synthetic_config(study: StudyParams, chosen: Plan) -> serving.ServingBenchConfig:
+    """The benchmark configuration of notebook 08's grid, with the requests `plan` chose."""
+    return study.bench(requests=chosen.requests, request_timeout_s=chosen.timeout_s)
 
 
 def anti_pattern_section(
@@ -308,13 +313,19 @@ def sharegpt_section(
     chosen = plan(
         pair, study, cells, minimum=max(c, 4), maximum=study.conversations_max, conversations=True
     )
-    config = study.bench(
+    config = sharegpt_config(study, chosen)
+    return serving.run_serving_bench(config, servers=pair, force=force, progress=False), chosen
+
+
+def sharegpt_config(study: StudyParams, chosen: Plan) -> serving.ServingBenchConfig:
+    """The benchmark configuration of notebook 10's conversations, with the conversations
+    `plan` chose."""
+    return study.bench(
         workload="sharegpt",
-        concurrency=(c,),
+        concurrency=(study.sharegpt_concurrency,),
         requests=chosen.requests,
         request_timeout_s=chosen.timeout_s,
     )
-    return serving.run_serving_bench(config, servers=pair, force=force, progress=False), chosen
 
 
 def dilution_section(

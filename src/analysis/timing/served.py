@@ -13,8 +13,10 @@ engine's own cost plus the server's: the calibration family. Every cell with mor
 caching on and off, is held out. The step-cost profile itself is measured on the real
 engine alone (`analysis.timing.calibration`), never on the server.
 
-A cell's requests (`analysis.serving.replayable`) replay as the client sent them: the warm-up
-request alone, then each client's requests one after another (request i to client i mod C).
+A cell's requests (`analysis.serving.replayable`) replay as the client sent them: for
+synthetic cells the warm-up request alone, then each client's requests one after another
+(request i to client i mod C); for ShareGPT cells, a closed loop of conversations, each turn
+sent the per-request term after the previous reply.
 """
 
 from __future__ import annotations
@@ -81,6 +83,18 @@ def cell_trace(requests: pd.DataFrame, concurrency: int) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def conversation_trace(requests: pd.DataFrame) -> pd.DataFrame:
+    """One repeat of a ShareGPT cell as a replay trace: each conversation's turns in order
+    (a closed loop of clients takes the next conversation when one ends)."""
+    rows = []
+    turns: dict[str, int] = {}
+    for row in requests.itertuples(index=False):
+        turn = turns.get(row.conversation, 0)
+        turns[row.conversation] = turn + 1
+        rows.append(_trace_row(row, row.conversation, turn, float("nan")))
+    return pd.DataFrame(rows)
+
+
 def _trace_row(row: Any, conversation: str, turn: int, timestamp: float) -> dict[str, Any]:
     # the reply: ordinary ids (never end-of-text), as long as the server was asked to stream
     reply = np.arange(1000, 1000 + int(row.max_tokens), dtype=np.int32)
@@ -104,18 +118,22 @@ def replay_cell(
     the client sees them: TTFT, end-to-end and start, with the server's per-request term."""
     first = requests[requests["repeat"] == requests["repeat"].min()]
     cell = first.iloc[0]
+    conversations = "conversation" in first.columns and first["conversation"].notna().all()
+    clients = int(cell["concurrency"])
     config = RunConfig(
         engine="replay",
         device="cpu",
         num_blocks=NUM_BLOCKS,
         outputs="recorded",
-        mode="timestamps",
+        mode="closed-loop" if conversations else "timestamps",
+        concurrency=clients,
         think_time_s=terms.frontend_s,
         prefix_caching=cell["mode"] == "cache",
         clock=str(profile_path),
         **settings,
     )
-    result = run(cell_trace(first, int(cell["concurrency"])), config, progress=False)
+    trace = conversation_trace(first) if conversations else cell_trace(first, clients)
+    result = run(trace, config, progress=False)
     replayed = result.requests
     measured = _is_measured(replayed)
     if (replayed["status"] != "finished").any() or replayed["preemptions"].sum():
@@ -220,11 +238,12 @@ def per_repeat(pairs: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def errors(pairs: pd.DataFrame) -> pd.DataFrame:
+def errors(pairs: pd.DataFrame, fitted_clients: int | None = FITTED_CLIENTS) -> pd.DataFrame:
     """Per cell and statistic: the median over repeats of the measured value, the prediction,
     its relative error, the server's own spread (the repeat farthest from that median, in the
     same terms), the goal, and whether the error is within the goal or within that spread.
-    One-client cells are the fitted family; the others are held out."""
+    Cells with `fitted_clients` clients are the fitted family (None: none is); the others
+    are held out."""
     repeats = per_repeat(pairs)
     rows = []
     for (*cell, name), table in repeats.groupby([*CELL_KEYS, "statistic"], sort=False):
@@ -241,7 +260,7 @@ def errors(pairs: pd.DataFrame) -> pd.DataFrame:
         rows.append(
             {
                 **dict(zip(CELL_KEYS, cell, strict=True)),
-                "family": "fitted" if cell[2] == FITTED_CLIENTS else "held out",
+                "family": "fitted" if cell[2] == fitted_clients else "held out",
                 "statistic": name,
                 "measured_median_of_repeats": measured,
                 "predicted": predicted,
@@ -292,10 +311,15 @@ def calibrate_like_server(
     return load_profile(path)
 
 
-def checks(cells: pd.DataFrame, predicted: pd.DataFrame, table: pd.DataFrame) -> Checks:
+def checks(
+    cells: pd.DataFrame,
+    predicted: pd.DataFrame,
+    table: pd.DataFrame,
+    fitted_clients: int | None = FITTED_CLIENTS,
+) -> Checks:
     """What holds whatever the machine's speed: replay served each measured request from
     cache exactly as many prompt tokens as the server reported; every cell was replayed and
-    compared on every statistic; the held-out cells are the ones with more than one client."""
+    compared on every statistic; every cell the terms were not fitted on is held out."""
     pairs = cells[~cells["warmup"]].merge(
         predicted[[*CELL_KEYS, "request_id", "cached_tokens"]],
         on=[*CELL_KEYS, "request_id"],
@@ -317,14 +341,21 @@ def checks(cells: pd.DataFrame, predicted: pd.DataFrame, table: pd.DataFrame) ->
         int((compared == len(STATISTICS)).sum()),
     )
     result.add(
-        "held-out cells: every one with more than one client",
-        int(cells.loc[cells["concurrency"] > FITTED_CLIENTS, CELL_KEYS].drop_duplicates().shape[0]),
+        "held-out cells: every cell the server's terms were not fitted on",
+        int(
+            cells.loc[cells["concurrency"] != fitted_clients, CELL_KEYS].drop_duplicates().shape[0]
+        ),
         int(held[CELL_KEYS].drop_duplicates().shape[0]),
     )
     return result
 
 
-def reading(table: pd.DataFrame, terms: ServerTerms, torch_threads: int) -> str:
+def reading(
+    table: pd.DataFrame,
+    terms: ServerTerms,
+    torch_threads: int,
+    fitted_on: str = "the one-client cells",
+) -> str:
     """The comparison in words, every number from the table: how many held-out statistics
     met the goal or the server's own spread, and each miss by name."""
     held = table[table["family"] == "held out"]
@@ -332,7 +363,7 @@ def reading(table: pd.DataFrame, terms: ServerTerms, torch_threads: int) -> str:
     spread = int((held["met_by"] == "the server's own spread").sum())
     misses = held[held["met_by"] == "missed"]
     lines = [
-        f"The server's terms, fitted on the one-client cells: {terms.frontend_s * 1e3:.1f} ms per "
+        f"The server's terms, fitted on {fitted_on}: {terms.frontend_s * 1e3:.1f} ms per "
         f"request and {terms.step_s * 1e3:.1f} ms per step, on an engine profile measured with "
         f"{torch_threads} torch thread(s), as the server runs. Of {len(held)} held-out "
         f"statistics ({held[CELL_KEYS].drop_duplicates().shape[0]} cells x "
@@ -342,7 +373,7 @@ def reading(table: pd.DataFrame, terms: ServerTerms, torch_threads: int) -> str:
     ]
     for row in misses.itertuples(index=False):
         lines.append(
-            f"- {row.mode}, prefix {row.prefix_regime}, {row.concurrency} clients, "
+            f"- {row.mode}, {_workload(row.prefix_regime)}, {row.concurrency} clients, "
             f"{row.statistic}: predicted {row.predicted:.4g} against "
             f"{row.measured_median_of_repeats:.4g} measured ({row.error:+.0%}; goal "
             f"{row.goal:.0%}, spread {row.server_repeat_spread:.0%})"
@@ -376,8 +407,130 @@ def compare_with_server(
     with tempfile.TemporaryDirectory() as scratch:
         terms = fit_terms(cells, settings, profile, Path(scratch))
         predicted = replay_cells(cells, settings, profile, terms, Path(scratch))
+    fitted_on = cells.loc[cells["concurrency"] == FITTED_CLIENTS, "run_id"].unique().tolist()
+    write_terms(calibration, terms, fitted_on)
     pairs = matched(cells, predicted)
     table = errors(pairs)
     return ServedComparison(
         profile, terms, predicted, per_repeat(pairs), table, checks(cells, predicted, table)
+    )
+
+
+def predicted_statistics(predicted: pd.DataFrame) -> pd.DataFrame:
+    """Per cell, each statistic of its predicted requests (warm-ups left out)."""
+    times = ["ttft_s", "e2e_s", "tpot_s", "start_s"]
+    requests = predicted[~predicted["warmup"]].rename(columns={c: f"{c}_predicted" for c in times})
+    rows = []
+    for cell, table in requests.groupby(CELL_KEYS, sort=False):
+        rows.append(
+            {
+                **dict(zip(CELL_KEYS, cell, strict=True)),
+                "requests": len(table),
+                **{
+                    name: float(statistic(table, "predicted"))
+                    for name, statistic in STATISTICS.items()
+                },
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def predict_cells(
+    to_predict: pd.DataFrame, settings: dict[str, Any], comparison: ServedComparison
+) -> pd.DataFrame:
+    """Cells no server ran, on the clock and server terms that `comparison` validated."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        predicted = replay_cells(
+            to_predict, settings, comparison.profile, comparison.terms, Path(scratch)
+        )
+    return predicted_statistics(predicted)
+
+
+def _workload(regime: str) -> str:
+    return f"prefix {regime}" if str(regime).isdigit() else f"{regime} conversations"
+
+
+def calibration_folder(settings: dict[str, Any], torch_threads: int) -> Path:
+    """Where the engine's profile measured as a server runs it, and the server's terms, are
+    kept (notebook 08 writes them, notebook 10 reads them)."""
+    from analysis.platform.paths import results_dir
+
+    return results_dir() / "calibration" / f"server-{settings['model']}-t{torch_threads}"
+
+
+def curves_reading(curves: pd.DataFrame, table: pd.DataFrame) -> str:
+    """What the predicted curves say at the edge the server did not reach, beside the largest
+    held-out error where it did (every number from the two tables)."""
+    most = int(curves["concurrency"].max())
+    longest = max(curves["prefix_regime"], key=int)
+    edge = curves[(curves["concurrency"] == most) & (curves["prefix_regime"] == longest)]
+    by_mode = edge.set_index("mode")
+    on, off = by_mode.loc["cache"], by_mode.loc["no_cache"]
+    held = table[table["family"] == "held out"]
+    worst = held.loc[held["error"].abs().groupby(held["statistic"]).idxmax()]
+    errors_ = ", ".join(f"{r.statistic} {r.error:+.0%}" for r in worst.itertuples(index=False))
+    measured_most = int(table["concurrency"].max())
+    return (
+        f"At {most} clients and a {longest}-token prefix, replay predicts caching on at "
+        f"{on['throughput_req']:.3g} requests/s against {off['throughput_req']:.3g} off "
+        f"({on['throughput_req'] / off['throughput_req']:.1f}x), with a median TTFT of "
+        f"{on['p50_ttft']:.3g} s against {off['p50_ttft']:.3g} s. The server measured up to "
+        f"{measured_most} clients; there the largest held-out errors were {errors_}: read the "
+        "curves beyond it with those errors in mind, not as measurements."
+    )
+
+
+TERMS_FILE = "server-terms.json"
+
+
+def write_terms(folder: Path, terms: ServerTerms, fitted_on: list[str]) -> Path:
+    """The fitted server terms beside the profile they were fitted with, for other workloads
+    on the same server to be predicted with (notebook 10's conversations)."""
+    path = Path(folder) / TERMS_FILE
+    write_json(
+        path, {"frontend_s": terms.frontend_s, "step_s": terms.step_s, "fitted_on": fitted_on}
+    )
+    return path
+
+
+def read_validated(folder: Path) -> tuple[StepCostProfile, ServerTerms]:
+    """The profile and server terms a comparison kept in `folder`, or a one-line error saying
+    which notebook fits them."""
+    import json
+
+    from analysis.engines.clock import load_profile
+    from analysis.platform.errors import ConfigError
+
+    path = Path(folder) / TERMS_FILE
+    if not path.is_file():
+        raise ConfigError(
+            f"no server terms in {folder}: run notebook 08 first (it calibrates the engine as the "
+            "server runs it and fits the server's terms on its one-client cells)"
+        )
+    data = json.loads(path.read_text())
+    terms = ServerTerms(frontend_s=float(data["frontend_s"]), step_s=float(data["step_s"]))
+    return load_profile(Path(folder) / "profile.json"), terms
+
+
+def held_out_against_server(
+    cells: pd.DataFrame, settings: dict[str, Any], calibration: Path
+) -> ServedComparison:
+    """Cells of another workload on the same server, predicted with the profile and terms a
+    comparison kept in `calibration` (nothing fitted on them: every cell is held out)."""
+    import tempfile
+
+    profile, terms = read_validated(calibration)
+    with tempfile.TemporaryDirectory() as scratch:
+        predicted = replay_cells(cells, settings, profile, terms, Path(scratch))
+    pairs = matched(cells, predicted)
+    table = errors(pairs, fitted_clients=None)
+    return ServedComparison(
+        profile,
+        terms,
+        predicted,
+        per_repeat(pairs),
+        table,
+        checks(cells, predicted, table, fitted_clients=None),
     )
