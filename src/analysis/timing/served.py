@@ -325,15 +325,21 @@ def checks(
         on=[*CELL_KEYS, "request_id"],
         suffixes=("", "_replayed"),
     )
-    same = int((pairs["cached_tokens"] == pairs["cached_tokens_replayed"]).sum())
+    differ = int((pairs["cached_tokens"] != pairs["cached_tokens_replayed"]).sum())
     cell_count = cells[CELL_KEYS].drop_duplicates().shape[0]
     compared = table.groupby(CELL_KEYS).size()
     held = table[table["family"] == "held out"]
     result = Checks()
+    # counted as misses, not as requests: how many requests a cell sends depends on the speed
     result.add(
-        "replay's cached tokens = the server's, request by request (every repeat)",
-        len(pairs),
-        same,
+        "measured requests with no replayed twin",
+        0,
+        int((~cells["warmup"]).sum()) - len(pairs),
+    )
+    result.add(
+        "requests whose replayed cached tokens differ from the server's (every repeat)",
+        0,
+        differ,
     )
     result.add(
         "cells compared on all four statistics",
