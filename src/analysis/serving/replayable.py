@@ -97,43 +97,24 @@ def _cell(cell: Any) -> dict[str, Any]:
 
 
 def server_torch_threads() -> int:
-    """The torch threads a vLLM server's engine computes with: one for serving (vLLM lowers
-    torch to one thread in its engine process), unless OMP_NUM_THREADS says otherwise."""
-    import os
+    """The threads a vLLM server's model computes with on a CPU. The server runs the model in
+    a worker process bound to the cores vLLM's own rule picks: the first NUMA node, one logical
+    CPU per physical core on x86, and one core left to the engine core and the front end
+    (`VLLM_CPU_OMP_THREADS_BIND` and `VLLM_CPU_NUM_OF_RESERVED_CPU` change it). The rule is
+    asked, not copied; where vLLM binds nothing, torch's own thread count."""
+    from types import SimpleNamespace
 
-    try:
-        return max(1, int(os.environ.get("OMP_NUM_THREADS", "1")))
-    except ValueError:
-        return 1
+    from vllm.utils.ompmultiprocessing import OMPProcessManager
 
+    one_rank = SimpleNamespace(
+        parallel_config=SimpleNamespace(
+            local_world_size=1, data_parallel_rank_local=None, _api_process_count=1
+        ),
+        kv_transfer_config=None,
+    )
+    cores = OMPProcessManager(one_rank).cpu_lists
+    if cores:
+        return len(cores[0])
+    import torch
 
-def synthetic_cells_to_predict(
-    config: ServingBenchConfig,
-    prefixes: Sequence[int],
-    clients: Sequence[int],
-    *,
-    waves: int,
-) -> pd.DataFrame:
-    """The benchmark's workload at prefixes and client counts no server ran, both modes, as
-    rows a clock can replay (nothing measured): each cell sends the benchmark's requests or
-    `waves` rounds of its clients, whichever is more, so that it reaches a steady state."""
-    rows = []
-    for prefix in prefixes:
-        for count in clients:
-            cell_config = replace(config, requests=max(config.requests, waves * count))
-            for mode in config.modes:
-                key = RunKey(mode, str(prefix), int(count))
-                for spec in synthetic_specs(cell_config, key):
-                    rows.append(
-                        {
-                            "mode": mode,
-                            "prefix_regime": str(prefix),
-                            "concurrency": int(count),
-                            "repeat": 0,
-                            "request_id": spec.request_id,
-                            "warmup": spec.warmup,
-                            "prompt_ids": list(spec.prompt_ids),
-                            "max_tokens": spec.max_tokens,
-                        }
-                    )
-    return pd.DataFrame(rows)
+    return torch.get_num_threads()

@@ -5,9 +5,9 @@ A server does more than its engine, and two named terms hold the rest:
   back, the first streamed chunk. It is added to every request's TTFT and end-to-end time,
   and it passes between a closed-loop client's reply and its next request (replay's think
   time);
-- `step_s` (s per engine step, added to the profile's `fixed` term): in a server the engine
-  runs in its own process, and every step's outputs cross to the front end, which
-  detokenizes and streams them, on the same cores.
+- `step_s` (s per engine step, added to the profile's `fixed` term): a CPU server runs the
+  model in a worker process of its own, so every step crosses from the engine core to the
+  worker and back, and its outputs on to the front end, which streams them.
 Both are fitted on the one-client cells, where nothing queues and TTFT and TPOT are the
 engine's own cost plus the server's: the calibration family. Every cell with more clients,
 caching on and off, is held out. The step-cost profile itself is measured on the real
@@ -281,9 +281,10 @@ def calibrate_like_server(
     device: str = "cpu",
 ) -> StepCostProfile:
     """The engine's step-cost profile measured as the server runs it: the same model and
-    limits, and the server's torch threads (vLLM's server drops to one for serving, where the
-    offline engine uses every core), so in a process of its own. Kept in `folder`, and
-    measured again only when the settings or threads differ."""
+    limits, and the server's torch threads (its worker computes on the cores vLLM binds it
+    to, one fewer than the machine's on a small CPU, where the offline engine uses them all),
+    so in a process of its own. Kept in `folder`, and measured again only when the settings
+    or threads differ."""
     import os
     import subprocess
     import sys
