@@ -118,3 +118,35 @@ def server_torch_threads() -> int:
     import torch
 
     return torch.get_num_threads()
+
+
+def synthetic_cells_to_predict(
+    config: ServingBenchConfig,
+    prefixes: Sequence[int],
+    clients: Sequence[int],
+    *,
+    waves: int,
+) -> pd.DataFrame:
+    """The benchmark's workload at prefixes and client counts no server ran, both modes, as
+    rows a clock can replay (nothing measured): each cell sends the benchmark's requests or
+    `waves` rounds of its clients, whichever is more, so that it reaches a steady state."""
+    rows = []
+    for prefix in prefixes:
+        for count in clients:
+            cell_config = replace(config, requests=max(config.requests, waves * count))
+            for mode in config.modes:
+                key = RunKey(mode, str(prefix), int(count))
+                for spec in synthetic_specs(cell_config, key):
+                    rows.append(
+                        {
+                            "mode": mode,
+                            "prefix_regime": str(prefix),
+                            "concurrency": int(count),
+                            "repeat": 0,
+                            "request_id": spec.request_id,
+                            "warmup": spec.warmup,
+                            "prompt_ids": list(spec.prompt_ids),
+                            "max_tokens": spec.max_tokens,
+                        }
+                    )
+    return pd.DataFrame(rows)
