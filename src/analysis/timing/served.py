@@ -374,8 +374,8 @@ def reading(
         f"request and {terms.step_s * 1e3:.1f} ms per step, on an engine profile measured with "
         f"{torch_threads} torch thread(s), as the server runs. Of {len(held)} held-out "
         f"statistics ({held[CELL_KEYS].drop_duplicates().shape[0]} cells x "
-        f"{len(STATISTICS)}), {goal} are within the goal and {spread} more within the "
-        f"server's own repeat-to-repeat spread; {len(misses)} miss:",
+        f"{len(STATISTICS)}), {goal} {'is' if goal == 1 else 'are'} within the goal and "
+        f"{spread} more within the server's own repeat-to-repeat spread; {len(misses)} miss:",
         "",
     ]
     for row in misses.itertuples(index=False):
