@@ -266,3 +266,30 @@ def test_another_workload_is_predicted_with_the_kept_profile_and_terms(tmp_path)
     assert (held.table["family"] == "held out").all()
     assert held.table["error"].abs().max() < 1e-9
     held.checks.assert_all()
+
+
+def test_the_server_pool_in_blocks_comes_from_its_kv_bytes():
+    from analysis.serving.study import kv_pool_blocks
+
+    config = ServingBenchConfig(kv_cache_memory_bytes=1 << 29, block_size=32)
+    settings = replayable.engine_settings(config)
+    assert settings["num_blocks"] == kv_pool_blocks("prefill-llama", 32, 1 << 29)
+    assert "num_blocks" not in replayable.engine_settings(
+        ServingBenchConfig(kv_cache_memory_bytes=None, block_size=32)
+    )
+
+
+@pytest.mark.engine
+def test_a_cell_replays_in_the_servers_pool(tmp_path):
+    cells = sent_cells(repeats=1)
+    cell = cells[(cells["mode"] == "no_cache") & (cells["concurrency"] == 3)]
+    profile = tmp_path / "profile.json"
+    from analysis.platform.manifest import write_json
+
+    write_json(profile, PROFILE.to_dict())
+    roomy = served.replay_cell(cell, SETTINGS, profile, served.ServerTerms())
+    # 12 blocks (a 352-token context) hold one 280-token request (9 blocks) at a time: the
+    # others wait their turn
+    small = {**SETTINGS, "num_blocks": 12, "max_model_len": 352}
+    tight = served.replay_cell(cell, small, profile, served.ServerTerms())
+    assert tight["ttft_s"].median() > 1.5 * roomy["ttft_s"].median()

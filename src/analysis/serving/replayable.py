@@ -39,13 +39,22 @@ def scheduler_limits(config: ServingBenchConfig) -> dict[str, int]:
 
 def engine_settings(config: ServingBenchConfig) -> dict[str, Any]:
     """The benchmark server's engine as a run configuration's fields: its model, block size,
-    context and batch limits."""
-    return {
-        "model": config.model or DEFAULT_CPU_MODEL,
+    context and batch limits, and its KV pool in blocks where the configuration fixes the
+    pool's bytes (a pool vLLM sizes from free GPU memory is known only to a running server)."""
+    from analysis.serving.study import kv_pool_blocks
+
+    model = config.model or DEFAULT_CPU_MODEL
+    settings = {
+        "model": model,
         "block_size": config.block_size,
         "max_model_len": config.max_model_len,
         **scheduler_limits(config),
     }
+    if config.kv_cache_memory_bytes:
+        blocks = kv_pool_blocks(model, config.block_size, config.kv_cache_memory_bytes)
+        if blocks:
+            settings["num_blocks"] = blocks
+    return settings
 
 
 def cell_requests(config: ServingBenchConfig, table: pd.DataFrame) -> pd.DataFrame:
