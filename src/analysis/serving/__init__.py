@@ -18,6 +18,8 @@ neither vllm nor torch. Its modules:
 - `study`: the serving study of notebooks 08, 10, 11 and 12 (configs, sizing, runs).
 - `writeup`: seed 003's decision write-up and claim table from the measured results.
 - `checks`: the checks tables of notebooks 08, 10, 11 and 12 (claims independent of speed).
+- `replayable`: what a cell sent beside what the server measured, and the server's engine
+  settings and threads, for replay on a clock to time (`analysis.timing.served`).
 - `gpu_check`: `gpu-check`, the real CUDA engine against `replay`, and the GPU timing.
 
 This file only re-exports the names callers use as `serving.X`.

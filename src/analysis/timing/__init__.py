@@ -4,7 +4,8 @@
 wall time recorded), fits a small, named, linear model of a step's cost (`fit`), and checks
 it on held-out workloads: replay on that clock against the same real engine, request by
 request. `replay` then predicts TTFT, TPOT and throughput from vLLM's own scheduling
-decisions (`RunConfig.clock`).
+decisions (`RunConfig.clock`). `served` sets that prediction against the real HTTP server:
+the engine calibrated as the server runs it, two named server terms, held-out cells.
 """
 
 from __future__ import annotations
