@@ -425,10 +425,26 @@ def compare_with_server(
         predicted = replay_cells(cells, settings, profile, terms, Path(scratch))
     fitted_on = cells.loc[cells["concurrency"] == FITTED_CLIENTS, "run_id"].unique().tolist()
     write_terms(calibration, terms, fitted_on)
+    return _compared(cells, predicted, profile, terms, FITTED_CLIENTS)
+
+
+def _compared(
+    cells: pd.DataFrame,
+    predicted: pd.DataFrame,
+    profile: StepCostProfile,
+    terms: ServerTerms,
+    fitted_clients: int | None,
+) -> ServedComparison:
+    """Measured and replayed requests side by side: statistics per repeat, errors, checks."""
     pairs = matched(cells, predicted)
-    table = errors(pairs)
+    table = errors(pairs, fitted_clients)
     return ServedComparison(
-        profile, terms, predicted, per_repeat(pairs), table, checks(cells, predicted, table)
+        profile,
+        terms,
+        predicted,
+        per_repeat(pairs),
+        table,
+        checks(cells, predicted, table, fitted_clients),
     )
 
 
@@ -540,13 +556,4 @@ def held_out_against_server(
     profile, terms = read_validated(calibration)
     with tempfile.TemporaryDirectory() as scratch:
         predicted = replay_cells(cells, settings, profile, terms, Path(scratch))
-    pairs = matched(cells, predicted)
-    table = errors(pairs, fitted_clients=None)
-    return ServedComparison(
-        profile,
-        terms,
-        predicted,
-        per_repeat(pairs),
-        table,
-        checks(cells, predicted, table, fitted_clients=None),
-    )
+    return _compared(cells, predicted, profile, terms, fitted_clients=None)
