@@ -90,6 +90,24 @@ def test_replay_counts_equal_the_real_engine(case):
         assert any(list(recorded[r][:24]) != tokens for r, tokens in generated.items())
 
 
+def test_runs_on_one_shared_engine_count_as_each_alone():
+    """Inside `shared_engines()` the second run finds the first one's engine with its prefix
+    cache reset, its steps from 0 and nothing wrapped twice: both still equal replay."""
+    from analysis.engines.vllm_engine import shared_engines
+
+    shape, changes = CASES["closed-loop-recorded"]
+    trace = synthetic_trace(seed=11, reply_tokens=(20, 120), **shape)
+    with shared_engines():
+        first, replayed_first = both(trace, **changes)
+        second, replayed_second = both(trace, **{**changes, "mode": "batch"})
+    assert_same_accounting(first, replayed_first)
+    assert_same_accounting(second, replayed_second)
+    assert first.summary["first_prefill"]["hits"] > 0  # the runs share prefixes: a reset shows
+    assert not first.manifest["engine"]["shared_engine"]
+    assert second.manifest["engine"]["shared_engine"]
+    assert second.manifest["engine"]["warmup_seconds"] is None
+
+
 def test_identical_prompts_on_the_real_engine():
     length, block = 150, 32
     trace = identical_requests(6, length, reply_tokens=4)

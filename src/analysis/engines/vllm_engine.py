@@ -17,8 +17,11 @@ Exported counters come from `llm.get_metrics()` (difference over the run).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+import types
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -40,6 +43,29 @@ EXPORTED_COUNTERS = (
     "vllm:generation_tokens",
     "vllm:request_success",
 )
+
+
+# Engines kept by `shared_engines()` for the runs inside it, by their engine arguments.
+_SHARED: dict[str, tuple[Any, dict[str, Any]]] | None = None
+
+
+@contextlib.contextmanager
+def shared_engines() -> Iterator[None]:
+    """Within this block, runs with the same engine arguments share one started engine, shut
+    down when the block ends: a calibration's workloads pay one engine start, not one each
+    (about 6 s each on a 2-core CPU). Each run after the first finds the engine as a warm-up
+    leaves it: its prefix cache reset, its step counter at 0 and nothing wrapped."""
+    global _SHARED
+    if _SHARED is not None:  # nested: the outer block keeps and ends them
+        yield
+        return
+    _SHARED = {}
+    try:
+        yield
+    finally:
+        kept, _SHARED = _SHARED, None
+        for llm, _ in kept.values():
+            llm.llm_engine.engine_core.shutdown()
 
 
 def build_llm(config: RunConfig, forced: bool) -> Any:
@@ -90,6 +116,18 @@ def build_engine(
     return llm, forcing
 
 
+def _engine_for(config: RunConfig, model: ResolvedModel, forced: bool) -> tuple[Any, dict, bool]:
+    """`build_engine`, or inside `shared_engines()` the engine an earlier run with the same
+    arguments started; returns (llm, how outputs are forced, whether it was shared)."""
+    if _SHARED is None:
+        return (*build_engine(config, model, forced), False)
+    key = repr((sorted(engine_kwargs(config, model).items()), config.num_blocks, forced))
+    shared = key in _SHARED
+    if not shared:
+        _SHARED[key] = build_engine(config, model, forced)
+    return (*_SHARED[key], shared)
+
+
 def _engine_core(llm: Any) -> Any:
     client = llm.llm_engine.engine_core
     core = getattr(client, "engine_core", None)
@@ -115,14 +153,20 @@ def run_vllm(
 
     forced = config.outputs != "free" or workload.explicit
     built = time.perf_counter()
-    llm, forcing = build_engine(config, model, forced)
+    llm, forcing, shared = _engine_for(config, model, forced)
     mechanism = forcing["mechanism"]
     build_seconds = time.perf_counter() - built
     engine = llm.llm_engine
     _ensure_logging_stat_logger(engine)
     core = _engine_core(llm)
     scheduler = core.scheduler
-    warmup_seconds = _warm_up(llm, scheduler, config, mechanism if forced else None)
+    if shared:
+        _start_again(llm, scheduler)
+        warmup_seconds = None  # warmed up by the run that started it
+    else:
+        warmup_seconds = _warm_up(llm, scheduler, config, mechanism if forced else None)
+    manager = scheduler.kv_cache_manager
+    unwrap = _unwrapper(scheduler, manager, manager.block_pool)
     recorder.attach(scheduler)
     steps = StepLog(known=recorder.ids)  # vLLM request ids of the run (not the warm-up's)
     steps.attach(scheduler)
@@ -238,6 +282,7 @@ def run_vllm(
         "forced_outputs": forced,
         "forcing": forcing["mechanism"],
         "model_runner": forcing["model_runner"],
+        "shared_engine": shared,
         "load_format": model.load_format,
         "weights": model.weights_note(),
         "forced_output_mismatches": _forced_mismatches(workload, generated) if forced else 0,
@@ -250,9 +295,38 @@ def run_vllm(
     }
     if not forced:
         facts["generated"] = generated
-    llm.llm_engine.engine_core.shutdown()
+    if _SHARED is not None:  # kept for the block's next run, which starts unwrapped
+        unwrap()
+    else:
+        llm.llm_engine.engine_core.shutdown()
     del llm
     return facts
+
+
+def _unwrapper(*objects: Any) -> Callable[[], None]:
+    """A function that takes off what the recorder and the step log wrap on these vLLM objects
+    (functions set on the instance over its methods) from now on."""
+    before = [(obj, dict(vars(obj))) for obj in objects]
+
+    def unwrap() -> None:
+        for obj, saved in before:
+            for name, value in list(vars(obj).items()):
+                if isinstance(value, types.FunctionType) and saved.get(name) is not value:
+                    if name in saved:
+                        setattr(obj, name, saved[name])
+                    else:
+                        delattr(obj, name)
+
+    return unwrap
+
+
+def _start_again(llm: Any, scheduler: Any) -> None:
+    """A shared engine's next run starts as a warm-up leaves one: no cached block, step 0."""
+    if scheduler.has_unfinished_requests():
+        raise RuntimeError("a shared vLLM engine still holds requests from its last run")
+    if not llm.reset_prefix_cache():
+        raise RuntimeError("vLLM did not reset its prefix cache between two runs")
+    scheduler.current_step = 0
 
 
 WARMUP_REQUESTS = 4  # of WARMUP_PROMPT_TOKENS each, WARMUP_OUTPUT_TOKENS out

@@ -127,7 +127,7 @@ def measure_steps(
         }
         say(
             f"  {workload.name}: {len(steps)} steps, {steps['wall_s'].sum():.2f} s of steps "
-            f"({time.perf_counter() - started:.0f} s with the engine's start)"
+            f"({time.perf_counter() - started:.0f} s in all)"
         )
     return pd.concat(frames, ignore_index=True), identity
 
@@ -142,25 +142,30 @@ def calibrate(
     repeats: int = 1,
     say: Callable[[str], None] = print,
 ) -> Calibration:
-    """Measure, fit and (by default) validate on the held-out workloads."""
+    """Measure, fit and (by default) validate on the held-out workloads, every real run on
+    one engine (`shared_engines`: started and warmed up once, its prefix cache reset before
+    each run), as a server serves one client after another."""
+    from analysis.engines.vllm_engine import shared_engines
+
     base = base_config(device, model, block_size, settings)
     say(f"calibrating on the real {device} engine ({base.model or 'local tiny Llama'})")
-    steps, identity = measure_steps(base, calibration_workloads(device), say)
-    identity["machine"] = machine_identity(device)
-    profile = fit_profile(steps, identity)
-    say(
-        f"profile: {profile.coefficients}; admit {profile.admit_s:.2e} s, loop "
-        f"{profile.loop_s:.2e} s; fitted {profile.fit['fitted']}"
-    )
-    calibration = Calibration(profile, steps)
-    if validate:
-        validation, requests, held_out = validate_profile(
-            profile, base, held_out_workloads(device), say, repeats=repeats
+    with shared_engines():
+        steps, identity = measure_steps(base, calibration_workloads(device), say)
+        identity["machine"] = machine_identity(device)
+        profile = fit_profile(steps, identity)
+        say(
+            f"profile: {profile.coefficients}; admit {profile.admit_s:.2e} s, loop "
+            f"{profile.loop_s:.2e} s; fitted {profile.fit['fitted']}"
         )
-        calibration.validation, calibration.requests = validation, requests
-        calibration.held_out_steps = held_out
-        residuals = residual_summary(profile, fittable_steps(held_out))
-        calibration.profile = replace(profile, fit={**profile.fit, "held_out_steps": residuals})
+        calibration = Calibration(profile, steps)
+        if validate:
+            validation, requests, held_out = validate_profile(
+                profile, base, held_out_workloads(device), say, repeats=repeats
+            )
+            calibration.validation, calibration.requests = validation, requests
+            calibration.held_out_steps = held_out
+            residuals = residual_summary(profile, fittable_steps(held_out))
+            calibration.profile = replace(profile, fit={**profile.fit, "held_out_steps": residuals})
     return calibration
 
 
