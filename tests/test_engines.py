@@ -382,3 +382,30 @@ def test_interrupted_run_leaves_no_complete_folder(tmp_path, monkeypatch):
         result.write(tmp_path / "run")
     assert not (tmp_path / "run").exists()
     assert not list(tmp_path.iterdir())
+
+
+def test_a_trace_file_is_read_once_per_process_until_it_changes(tmp_path, monkeypatch):
+    import pyarrow.parquet as pq
+
+    from analysis.data import traces
+    from analysis.data.traces import trace_table
+    from analysis.runs.runner import run
+
+    reads = []
+    real_load = traces.load_trace
+    monkeypatch.setattr(traces, "load_trace", lambda path: reads.append(path) or real_load(path))
+    path = tmp_path / "trace.parquet"
+
+    def write(seed: int) -> None:
+        frame = synthetic_trace(3, turns=2, seed=seed)
+        pq.write_table(trace_table(frame.assign(prompt_tokens=frame.prompt_ids.map(len))), path)
+
+    write(12)
+    config = RunConfig(trace=str(path), engine="replay", **SMALL)
+    first = run(None, config, progress=False)
+    assert run(None, config.with_(num_blocks=SMALL["num_blocks"] + 8), progress=False)
+    assert len(reads) == 1
+    write(13)  # another trace at the same path: read again, and run as itself
+    changed = run(None, config, progress=False)
+    assert len(reads) == 2
+    assert changed.manifest["trace"]["sha256"] != first.manifest["trace"]["sha256"]

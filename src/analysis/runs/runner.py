@@ -7,6 +7,7 @@ counters and the manifest, and checks vLLM's own statistics against the per-admi
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import sys
 import time
@@ -193,9 +194,18 @@ def resolve_trace_path(trace: str | Path) -> Path:
 
 
 def _read_trace(path: Path) -> pd.DataFrame:
+    """The trace, read once per process while its size and modification time stay the same: a
+    sweep worker runs many points of one trace, and reading the whole multi-turn trace takes
+    about a second. Runs only read the frame (`build_workload` limits it into a new one)."""
+    stat = path.stat()
+    return _read_trace_once(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=2)
+def _read_trace_once(path: str, size: int, mtime_ns: int) -> pd.DataFrame:
     from analysis.data.traces import load_trace
 
-    return load_trace(path)
+    return load_trace(Path(path))
 
 
 def frame_sha256(frame: pd.DataFrame) -> str:
