@@ -1,8 +1,8 @@
 """`make bench`: time the heavy paths, each benchmark printing ratios measured in the same run.
 
-Run one with `python bench/run.py traces` (names: dtype, traces, engines, replay, clock, bounds,
-plan, serving, sweep; `replay` is the whole-trace replay against its baseline revision and the
-fleet, without the real-engine sample of `engines`). A benchmark's entry point may return
+Run one with `python bench/run.py traces` (names: dtype, traces, engines, replay, clock,
+decode_sharing, bounds, plan, serving, sweep; `replay` is the whole-trace replay against its
+baseline revision and the fleet, without the real-engine sample of `engines`). A benchmark's entry point may return
 {ratio name: value}; every ratio is printed again in one table at the end, under the machine
 it was measured on. Speed is only ever compared within one run: no test asserts on it.
 """
@@ -14,7 +14,18 @@ import sys
 import time
 from pathlib import Path
 
-BENCHMARKS = ("dtype", "traces", "engines", "replay", "clock", "bounds", "plan", "serving", "sweep")
+BENCHMARKS = (
+    "dtype",
+    "traces",
+    "engines",
+    "replay",
+    "clock",
+    "decode_sharing",
+    "bounds",
+    "plan",
+    "serving",
+    "sweep",
+)
 # A benchmark that is one entry point of another's file: name -> (file, function).
 ENTRY_POINTS = {"replay": ("engines", "replay_main")}
 
