@@ -2,9 +2,10 @@
 
 Run one with `python bench/run.py traces` (names: dtype, traces, engines, replay, clock,
 decode_sharing, bounds, plan, serving, sweep; `replay` is the whole-trace replay against its
-baseline revision and the fleet, without the real-engine sample of `engines`). A benchmark's entry point may return
-{ratio name: value}; every ratio is printed again in one table at the end, under the machine
-it was measured on. Speed is only ever compared within one run: no test asserts on it.
+baseline revision and the fleet, without the real-engine sample of `engines`). A benchmark's
+entry point may return {ratio name: value}; every ratio is printed again in one table at the
+end, under the machine it was measured on. Speed is only ever compared within one run: no
+test asserts on it.
 """
 
 from __future__ import annotations
