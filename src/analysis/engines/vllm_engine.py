@@ -53,7 +53,7 @@ _SHARED: dict[str, tuple[Any, dict[str, Any]]] | None = None
 def shared_engines() -> Iterator[None]:
     """Within this block, runs with the same engine arguments share one started engine, shut
     down when the block ends: a calibration's workloads pay one engine start, not one each
-    (about 6 s each on a 2-core CPU). Each run after the first finds the engine as a warm-up
+    (6-8 s each on a 2-core CPU). Each run after the first finds the engine as a warm-up
     leaves it: its prefix cache reset, its step counter at 0 and nothing wrapped."""
     global _SHARED
     if _SHARED is not None:  # nested: the outer block keeps and ends them
