@@ -304,8 +304,8 @@ def run_vllm(
 
 
 def _unwrapper(*objects: Any) -> Callable[[], None]:
-    """A function that takes off what the recorder and the step log wrap on these vLLM objects
-    (functions set on the instance over its methods) from now on."""
+    """A function that puts these vLLM objects back as they are now: it takes off every
+    function the recorder and the step log set on an instance over one of its methods."""
     before = [(obj, dict(vars(obj))) for obj in objects]
 
     def unwrap() -> None:
