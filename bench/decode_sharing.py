@@ -44,10 +44,10 @@ def prompts_trace(requests: int, shared: bool, seed: int) -> pd.DataFrame:
 def main() -> dict[str, float]:
     import torch
 
-    from analysis.engines import RunConfig
     from analysis.engines.vllm_engine import shared_engines
     from analysis.runs import run
     from analysis.serving.replayable import server_torch_threads
+    from analysis.timing.calibration import base_config
 
     requests = int(os.environ.get("BENCH_DECODE_REQUESTS", "4"))
     threads = server_torch_threads()
@@ -55,16 +55,9 @@ def main() -> dict[str, float]:
     print(
         f"{requests} requests decoding together, {threads} torch thread(s) as the server's worker"
     )
-    config = RunConfig(
-        engine="vllm",
-        device="cpu",
-        model="prefill-llama",
-        block_size=32,
-        num_blocks=1024,
-        max_model_len=2048,
-        mode="batch",
-        outputs="recorded",
-        warmup=True,
+    # the engine the clock is calibrated on, sized for these requests
+    config = base_config("cpu", model="prefill-llama").with_(
+        num_blocks=1024, max_model_len=2048, mode="batch"
     )
     medians: dict[str, list[float]] = {"shared": [], "own": []}
     with shared_engines():
