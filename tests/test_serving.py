@@ -24,7 +24,15 @@ import pytest
 
 from analysis import serving
 from analysis.platform.errors import ConfigError
-from analysis.serving import RunKey, ServerConfig, ServerStartError, VllmServer, loadgen, study
+from analysis.serving import (
+    RunKey,
+    ServerConfig,
+    ServerStartError,
+    VllmServer,
+    loadgen,
+    replayable,
+    study,
+)
 from analysis.serving import server as serving_server
 
 FAKE_SERVER = textwrap.dedent(
@@ -358,6 +366,27 @@ def test_last_error_line_is_found_in_a_traceback_tail():
     assert serving_server._last_error("INFO: all fine") == ""
 
 
+def test_a_server_does_not_inherit_the_in_process_engines_settings(tmp_path):
+    environ = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1", "PATH": "/bin"}
+    env = serving_server.server_environment(str(tmp_path), environ)
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env
+    assert env["OMP_NUM_THREADS"] == "1" and env["PATH"] == "/bin"  # the rest as it was
+    assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["HF_HUB_OFFLINE"] == "1"  # a local model
+    assert environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # the caller's own is untouched
+
+
+def test_bound_cores_are_read_from_the_servers_log():
+    log = (
+        "(EngineCore pid=9) INFO [ompmultiprocessing.py:184] OpenMP thread binding info: \n"
+        "\tVLLM_CPU_OMP_THREADS_BIND='auto', auto_setup=True, skip_setup=False\n"
+        "\tlocal_world_size=1, reserve_cpu_num=1\n"
+        "\tlocal_rank=0, core ids=[0, 2]\n"
+        "\treserved_cpus=[1]\n"
+    )
+    assert serving_server.bound_cores(log) == [0, 2]
+    assert serving_server.bound_cores("Reducing Torch threads from 2 to 1") is None
+
+
 # ---------------------------------------------------------------------------- real vLLM
 
 
@@ -389,8 +418,12 @@ def test_real_server_measures_ttft_counts_hits_and_caches_results(
         max_model_len=2048,
         kv_cache_memory_bytes=256 << 20,
     )
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # as the Makefile exports it
     with VllmServer(config.server_config(tiny_model, "cache"), tmp_path / "server.log") as server:
         pgid = server.pgid
+        # the model computes on the cores a plain `vllm serve` binds it to, those the served
+        # clock is calibrated with (one fewer than the machine has on a small CPU)
+        assert len(server.model_cores() or []) == replayable.server_torch_threads()
         table = serving.run_serving_bench(config, root=tmp_path, progress=False, server=server)
         row = table.iloc[0]
         assert (row["mode"], row["prefix_regime"], row["concurrency"]) == ("cache", "512", 2)

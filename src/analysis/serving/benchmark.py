@@ -73,6 +73,7 @@ def _run_manifest(
         "model": model,
         "server_command": server.command,
         "server_startup_s": server.startup_s,
+        "server_model_cores": server.model_cores(),  # None: vLLM bound no cores (a GPU)
         "interleaved": interleaved,
         "versions": package_versions(),
         "git_commit": git_commit(),

@@ -123,6 +123,40 @@ def server_command(config: ServerConfig, port: int) -> list[str]:
     return [*server_launcher(config.model), *config.flags(), "--port", str(port)]
 
 
+# Settings for the project's in-process engines that a server must not inherit. With
+# VLLM_ENABLE_V1_MULTIPROCESSING=0 (the Makefile exports it: the recorder watches an engine's
+# scheduler in its own process) `vllm serve` on a CPU keeps its uniprocess executor: the model
+# then computes in the engine-core process on every core, unbound, where a plain `vllm serve`
+# runs it in a worker process bound to the cores vLLM's rule picks (`server_torch_threads`).
+# On 2 cores that doubled the server's prefill speed against the profile measured for it.
+IN_PROCESS_ONLY = ("VLLM_ENABLE_V1_MULTIPROCESSING",)
+
+
+def server_environment(model: str, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment a server starts with: this process's, less what only in-process
+    engines need, plus the server's own switches."""
+    env = dict(os.environ if environ is None else environ)
+    for name in IN_PROCESS_ONLY:
+        env.pop(name, None)
+    env["VLLM_SERVER_DEV_MODE"] = "1"  # enables POST /reset_prefix_cache between runs
+    env["VLLM_CONFIGURE_LOGGING"] = "1"  # the server's full log goes to its log file
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if Path(model).exists():
+        env.setdefault("HF_HUB_OFFLINE", "1")
+    return env
+
+
+def bound_cores(log_text: str) -> list[int] | None:
+    """The cores vLLM bound the model's worker to, read from a CPU server's log
+    (`OpenMP thread binding info ... local_rank=0, core ids=[...]`); None where it bound none."""
+    marker = "local_rank=0, core ids=["
+    for line in log_text.splitlines():
+        if marker in line:
+            ids = line.split(marker, 1)[1].split("]", 1)[0]
+            return [int(i) for i in ids.split(",") if i.strip()]
+    return None
+
+
 def _log_tail(path: Path, lines: int = 20) -> str:
     try:
         text = path.read_text(errors="replace")
@@ -260,12 +294,7 @@ class VllmServer:
             os.close(fd)
             self.log_path = Path(name)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
-        env["VLLM_SERVER_DEV_MODE"] = "1"  # enables POST /reset_prefix_cache between runs
-        env["VLLM_CONFIGURE_LOGGING"] = "1"  # the server's full log goes to its log file
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        if Path(self.config.model).exists():
-            env.setdefault("HF_HUB_OFFLINE", "1")
+        env = server_environment(self.config.model)
         _install_guards()
         self._launched_at = time.perf_counter()
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
@@ -354,6 +383,13 @@ class VllmServer:
         if status != 200:
             return {}
         return loadgen.parse_prometheus(body.decode(errors="replace"), loadgen.SERVER_GAUGES)
+
+    def model_cores(self) -> list[int] | None:
+        """The cores the model computes on, as the server's log states them (CPU)."""
+        try:
+            return bound_cores(self.log_path.read_text(errors="replace"))
+        except (OSError, AttributeError):
+            return None
 
     def kv_capacity_blocks(self) -> int | None:
         """KV blocks in the server's pool (`vllm:cache_config_info`'s num_gpu_blocks label)."""
