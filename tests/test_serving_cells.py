@@ -48,6 +48,9 @@ class StandInServer:
     def counters_after(self, before, finished) -> dict[str, float]:
         return {}
 
+    def model_cores(self) -> list[int] | None:
+        return None
+
 
 @pytest.fixture
 def bench(tmp_path, monkeypatch):
