@@ -65,6 +65,24 @@ def test_the_step_log_reads_what_vllm_scheduled(tmp_path):
 
 
 @pytest.mark.engine
+@pytest.mark.parametrize("caching", [True, False], ids=["caching-on", "caching-off"])
+def test_decodes_sharing_cached_prompt_blocks_read_each_block_once(tmp_path, caching):
+    """Three identical 100-token prompts decode together: with caching on, the later two hold
+    the first one's cached blocks, so their reads of those blocks repeat the first one's (the
+    whole blocks they hit); caching off, every decode reads blocks of its own."""
+    trace = identical_requests(3, 100, reply_tokens=4)
+    config = RunConfig(
+        block_size=16, num_blocks=64, max_model_len=512, mode="batch", prefix_caching=caching
+    )
+    result = run(trace, timed(config, write_profile(tmp_path / "p.json")), progress=False)
+    hits = int(result.admissions["tokens_hit"].sum())
+    assert (hits > 0) == caching
+    first, decoding = result.steps.iloc[0], result.steps.iloc[1:]
+    assert first["distinct_context"] == first["decode_context"] == 0  # prefills only
+    assert (decoding["decode_context"] - decoding["distinct_context"] == hits).all()
+
+
+@pytest.mark.engine
 def test_a_request_leaving_and_one_entering_are_counted(tmp_path):
     trace = synthetic_trace(num_conversations=2, turns=1, user_tokens=40, reply_tokens=3)
     config = RunConfig(num_blocks=64, max_model_len=512, concurrency=1)
@@ -113,13 +131,17 @@ def test_the_decode_fast_path_changes_no_time_on_the_clock(tmp_path, settings):
     with its step and each skipped step as `schedule()` would have logged it, and a skip ends
     where an arrival comes: the step table and every request's times equal those of the run
     that schedules every step, to the bit."""
-    trace = synthetic_trace(num_conversations=12, turns=3, reply_tokens=(20, 90), seed=11)
+    trace = synthetic_trace(
+        num_conversations=12, turns=3, reply_tokens=(20, 90), shared_prefix=48, seed=11
+    )
     config = RunConfig(block_size=16, max_model_len=512, limit=None, **settings)
     clocked = timed(config, write_profile(tmp_path / "p.json"))
     fast = run(trace, clocked, progress=False)
     every = run(trace, clocked.with_(fast_path=False), progress=False)
     engine = fast.manifest["engine"]
     assert engine["fast_path_skipped_steps"] > 0 and engine["fast_path_parked_request_steps"] > 0
+    # decodes read the shared prefix's cached blocks together: parked ones counted too
+    assert (fast.steps["distinct_context"] < fast.steps["decode_context"]).any()
     assert engine["scheduler_calls"] < every.manifest["engine"]["scheduler_calls"]
     if settings["num_blocks"] == 40:
         assert every.summary["preemptions"] > 0
@@ -346,6 +368,7 @@ def test_calibrate_on_the_real_cpu_engine(tmp_path, monkeypatch):
         {
             "ladder_max": 256,
             "batch": 6,
+            "shared_prefix": 96,
             "clients": 2,
             "open": 8,
             "open_rate": 20.0,
@@ -356,7 +379,8 @@ def test_calibrate_on_the_real_cpu_engine(tmp_path, monkeypatch):
         },
     )
     # held out here: synthetic conversations (the ShareGPT ones need the whole trace build)
-    held = [replace(workloads.calibration_workloads("cpu")[2], name="held-out-conversations")]
+    mixed = next(w for w in workloads.calibration_workloads("cpu") if w.name == "mixed-cached")
+    held = [replace(mixed, name="held-out-conversations")]
     monkeypatch.setattr("analysis.timing.calibration.held_out_workloads", lambda device: held)
     result = calibrate("cpu", repeats=2, say=lambda line: None)
     profile = result.profile
@@ -368,9 +392,12 @@ def test_calibrate_on_the_real_cpu_engine(tmp_path, monkeypatch):
     assert set(result.steps["run"]) == {
         "prefill-ladder",
         "decode-batch",
+        "shared-decode",
         "mixed-cached",
         "open-loop",
     }
+    shared = result.steps[result.steps["run"] == "shared-decode"]
+    assert (shared["distinct_context"] < shared["decode_context"]).any()
     assert np.isfinite(result.validation.filter(like="_error").to_numpy(dtype=float)).all()
     assert result.validation["against"].tolist() == ["replay on the clock", "real engine, repeat 2"]
     folder = write(result, tmp_path / "calibration")
@@ -388,7 +415,7 @@ def test_calibrate_on_the_real_cpu_engine(tmp_path, monkeypatch):
         workloads.calibration_workloads("cpu"),
         "cpu",
     )
-    assert len(makeup) == 3 and makeup["identical"].all(), makeup
+    assert len(makeup) == 4 and makeup["identical"].all(), makeup
 
 
 def test_the_run_command_refuses_bad_time_settings_in_one_line(tmp_path, capsys):

@@ -313,7 +313,7 @@ def skip_on_clock(scheduler, fast, step, clock, profile, steps, mark, stop) -> N
     first step whose start `stop(start)` refuses (a request has arrived by then, say; the loop
     then admits it, as it would have). `mark(step, start)` marks each step after the first."""
     wake = fast.next_wake(step)
-    finished = len(scheduler.finished_req_ids)  # reported, then cleared, by `schedule()`
+    finished = scheduler.finished_req_ids  # reported, then cleared, by `schedule()`
     scheduler.finished_req_ids = set()
     current = step
     while True:
@@ -326,7 +326,7 @@ def skip_on_clock(scheduler, fast, step, clock, profile, steps, mark, stop) -> N
         clock.advance(cost)
         clock.advance(profile.loop_s)
         current += 1
-        finished = 0
+        finished = ()
         if current == wake or stop(clock.now()):
             break
     fast.skipped_steps += current - step

@@ -21,7 +21,16 @@ The features, one row per `schedule()` call (names as the step-cost profile uses
 - `prefill_pairs`: query-key pairs of causal attention over multi-token chunks,
   n * (end - n) + n * (n + 1) / 2 per chunk (what attention costs in a prefill);
 - `decode_context`: tokens of context read by one-token queries (a decode, or a prefill
-  whose prompt was cached but for its last token): attention there is a read of the KV cache.
+  whose prompt was cached but for its last token): attention there is a read of the KV cache;
+- `distinct_context`: the same reads with each block counted once a step: a prompt block that
+  several decoding requests share (a cached prefix) counts for the first of them only
+  (`SharedPromptBlocks`). On a CPU a block that one decode of the step has read is still in
+  the processor's caches when the next reads it, so those reads cost less than as many tokens
+  of blocks of their own (`python bench/run.py decode_sharing`). Recorded, not charged: a
+  term for the first reads fitted the real engine's steps better, and its held-out decodes
+  over a shared prompt, but it over-predicted the real server's throughput with several
+  clients over a cached prefix (the server's worker showed less of the saving), so the clock
+  leaves it out until the server's side of it is understood.
 
 The real engine adds each step's wall time (`wall_s`), so that the profile can be fitted on
 exactly these rows; replay on a clock adds the time its profile gave.
@@ -45,6 +54,7 @@ FEATURES = (
     "sampled",
     "prefill_pairs",
     "decode_context",
+    "distinct_context",
 )
 
 
@@ -83,7 +93,88 @@ def step_features(
         sampled,
         prefill_pairs,
         decode_context,
+        decode_context,  # distinct_context before shared blocks are taken off (StepLog)
     )
+
+
+class SharedPromptBlocks:
+    """The prompt blocks that decoding requests hold, counted by block, and how many reads of
+    them repeat a read another decoding request makes in the same step.
+
+    A request joins when it decodes (the step after its prompt is done, or a one-token prefill
+    of a cached prompt) and leaves when vLLM reports it finished or preempted. Only full prompt
+    blocks can be shared: a decoding request's own new blocks are never another running
+    request's. Every decoding request decodes in every step (vLLM schedules the running ones
+    first), so the repeated reads of a step are the blocks' holders beyond the first. Updated
+    only when a request joins or leaves: the decode fast path's parked requests stay counted
+    without being looked at, as its running sums of context do.
+    """
+
+    def __init__(self) -> None:
+        self.holders: dict[str, list[int]] = {}  # request id -> its full prompt blocks' ids
+        self.readers: dict[int, int] = {}  # block id -> decoding requests holding it
+        self.repeated_blocks = 0  # sum over blocks of (readers - 1)
+        self.block_size = 0
+        self._blocks: Any = None
+
+    def attach(self, scheduler: Any) -> None:
+        manager = scheduler.kv_cache_manager.coordinator.single_type_managers[0]
+        self._blocks = manager.req_to_blocks
+        self.block_size = scheduler.block_size
+
+    @property
+    def repeated_tokens(self) -> int:
+        return self.repeated_blocks * self.block_size
+
+    def join(self, request: Any) -> None:
+        rid = request.request_id
+        if rid in self.holders:
+            return
+        full = request.num_prompt_tokens // self.block_size
+        ids = [block.block_id for block in self._blocks.get(rid, ())[:full]]
+        self.holders[rid] = ids
+        readers = self.readers
+        for block_id in ids:
+            count = readers.get(block_id, 0)
+            if count:
+                self.repeated_blocks += 1
+            readers[block_id] = count + 1
+
+    def leave(self, request_ids: Any) -> None:
+        readers = self.readers
+        for rid in request_ids:
+            ids = self.holders.pop(rid, None)
+            for block_id in ids or ():
+                count = readers[block_id]
+                if count > 1:
+                    self.repeated_blocks -= 1
+                    readers[block_id] = count - 1
+                else:
+                    del readers[block_id]
+
+    def update(self, scheduler: Any, output: Any, known: Container[str] | None) -> int:
+        """After `schedule()` returned `output`: the repeated reads (tokens) of this step's
+        decodes. Requests whose prompt this step completes join after it: they decode from the
+        next step on."""
+        self.leave(output.finished_req_ids)
+        if output.preempted_req_ids:
+            self.leave(output.preempted_req_ids)
+        requests = scheduler.requests
+        done: list[Any] = []
+        for rid, count in output.num_scheduled_tokens.items():
+            if count <= 0 or (known is not None and rid not in known):
+                continue
+            request = requests[rid]
+            if request.is_prefill_chunk:
+                continue
+            if count == 1:
+                self.join(request)
+            else:
+                done.append(request)
+        repeated = self.repeated_tokens
+        for request in done:
+            self.join(request)
+        return repeated
 
 
 class StepLog:
@@ -91,6 +182,7 @@ class StepLog:
 
     def __init__(self, known: Container[str] | None = None) -> None:
         self.known = known  # the run's request ids (None: every request is the run's)
+        self.sharing = SharedPromptBlocks()
         self.step = array("q")
         self.columns = {name: array("q") for name in FEATURES}
         self.start_s = array("d")
@@ -103,12 +195,15 @@ class StepLog:
         """Wrap this scheduler instance's `schedule()` (never the class)."""
         schedule = scheduler.schedule
         columns = [self.columns[name] for name in FEATURES]
+        sharing = self.sharing
+        sharing.attach(scheduler)
 
         def schedule_and_log(*args: Any, **kwargs: Any) -> Any:
             output = schedule(*args, **kwargs)
             features = step_features(scheduler, output, self.known)
             for column, value in zip(columns, features, strict=True):
                 column.append(value)
+            self.columns["distinct_context"][-1] -= sharing.update(scheduler, output, self.known)
             self.step.append(scheduler.current_step)
             return output
 
@@ -129,13 +224,17 @@ class StepLog:
             for name in ("tokens", "sequences", "sampled"):
                 self.columns[name][-1] += count
             self.columns["decode_context"][-1] += context
+            self.columns["distinct_context"][-1] += context
 
-    def decodes_only(self, step: int, count: int, context: int, finished: int) -> None:
+    def decodes_only(self, step: int, count: int, context: int, finished: Container[str]) -> None:
         """A step that ran no `schedule()` (replay skipped it: only parked decodes), logged as
-        `schedule()` would have logged it, with the requests that finished before it."""
+        `schedule()` would have logged it, with the requests that finished before it (their
+        ids, as `schedule()` would have reported them)."""
+        self.sharing.leave(finished)
         made_up = dict.fromkeys(FEATURES, 0)
         made_up |= {"tokens": count, "sequences": count, "sampled": count}
-        made_up |= {"decode_context": context, "finished_requests": finished}
+        made_up |= {"decode_context": context, "finished_requests": len(finished)}
+        made_up["distinct_context"] = context - self.sharing.repeated_tokens
         for name, value in made_up.items():
             self.columns[name].append(value)
         self.step.append(step)

@@ -6,6 +6,9 @@ Calibration varies what a step's cost depends on, one thing at a time where it c
   ladder's decode steps then read contexts of every length);
 - `decode-batch`: every request at once, replies of staggered lengths, so decode batches
   shrink from all requests to one, at contexts of several lengths;
+- `shared-decode`: every request at once over one long cached prefix, replies of staggered
+  lengths, so decode batches that read the same blocks (`distinct_context` against
+  `decode_context`) shrink from all requests to one;
 - `mixed-cached`: closed-loop multi-turn conversations sharing a system prompt: prefills
   beside decodes, and cache hits;
 - `open-loop`: single-turn requests of random length arriving as a Poisson process, so
@@ -53,6 +56,7 @@ SIZES = {
     "cpu": {
         "ladder_max": 1536,
         "batch": 24,
+        "shared_prefix": 1024,
         "clients": 6,
         "conversations": 16,
         "singles": 48,
@@ -64,6 +68,7 @@ SIZES = {
     "cuda": {
         "ladder_max": 3584,
         "batch": 96,
+        "shared_prefix": 2048,
         "clients": 16,
         "conversations": 48,
         "singles": 256,
@@ -101,6 +106,20 @@ def decode_batch(count: int, seed: int = 12) -> pd.DataFrame:
     return _frame(rows)
 
 
+def shared_decode_batch(count: int, prefix: int, seed: int = 15) -> pd.DataFrame:
+    """`count` single-turn requests at once, one `prefix`-token prompt prefix and 16-64 tokens
+    of their own, replies of 2 to 2 * count tokens: decodes over shared cached blocks."""
+    rng = np.random.default_rng(seed)
+    shared = np.concatenate([[BOS_ID], rng.integers(0, TEXT_ID_LIMIT, prefix - 1)])
+    rows = []
+    for i in range(count):
+        own = rng.integers(0, TEXT_ID_LIMIT, int(rng.integers(16, 65)))
+        prompt = np.concatenate([shared, own])
+        reply = np.concatenate([rng.integers(0, TEXT_ID_LIMIT, 2 * i + 1), [EOT_ID]])
+        rows.append(_row(f"shared{i:03d}", 0, prompt.astype(np.int32), reply.astype(np.int32), i))
+    return _frame(rows)
+
+
 def calibration_workloads(device: str) -> list[TimingWorkload]:
     size = SIZES[device]
     return [
@@ -112,6 +131,11 @@ def calibration_workloads(device: str) -> list[TimingWorkload]:
         TimingWorkload(
             "decode-batch",
             lambda: decode_batch(size["batch"]),
+            {"mode": "batch"},
+        ),
+        TimingWorkload(
+            "shared-decode",
+            lambda: shared_decode_batch(size["batch"] // 2, size["shared_prefix"]),
             {"mode": "batch"},
         ),
         TimingWorkload(
