@@ -293,3 +293,30 @@ def test_a_cell_replays_in_the_servers_pool(tmp_path):
     small = {**SETTINGS, "num_blocks": 12, "max_model_len": 352}
     tight = served.replay_cell(cell, small, profile, served.ServerTerms())
     assert tight["ttft_s"].median() > 1.5 * roomy["ttft_s"].median()
+
+
+@pytest.mark.parametrize("runs_kept", ["every workload", "one workload short"])
+def test_a_kept_server_profile_is_measured_again_when_its_workloads_differ(
+    tmp_path, monkeypatch, runs_kept
+):
+    """A profile kept from a calibration with other workloads (an older version's) is not
+    reused: its fit never saw what the calibration now measures."""
+    from analysis.platform.manifest import write_json
+    from analysis.timing.workloads import calibration_workloads
+
+    identity = {
+        "machine": {"torch_threads": 1},
+        "engine_settings": {"max_num_batched_tokens": 2048, "block_size": 32},
+        "model": {"name": "tiny-llama"},
+    }
+    kept = StepCostProfile(PROFILE.coefficients, PROFILE.admit_s, PROFILE.loop_s, identity)
+    write_json(tmp_path / "profile.json", kept.to_dict())
+    names = [w.name for w in calibration_workloads("cpu")]
+    if runs_kept != "every workload":
+        names = names[:-1]
+    pd.DataFrame({"run": names}).to_parquet(tmp_path / "steps.parquet")
+    commands = []
+    monkeypatch.setattr("subprocess.run", lambda command, **kwargs: commands.append(command))
+    profile = served.calibrate_like_server(SETTINGS, tmp_path, 1, say=lambda line: None)
+    assert profile.coefficients == PROFILE.coefficients
+    assert len(commands) == (0 if runs_kept == "every workload" else 1)

@@ -292,23 +292,27 @@ def calibrate_like_server(
     """The engine's step-cost profile measured as the server runs it: the same model and
     limits, and the server's torch threads (its worker computes on the cores vLLM binds it
     to, one fewer than the machine's on a small CPU, where the offline engine uses them all),
-    so in a process of its own. Kept in `folder`, and measured again only when the settings
-    or threads differ."""
+    so in a process of its own. Kept in `folder`, and measured again only when the settings,
+    the threads or the calibration workloads differ."""
     import os
     import subprocess
     import sys
 
     from analysis.engines.clock import load_profile
+    from analysis.timing.workloads import calibration_workloads
 
     path = Path(folder) / "profile.json"
     if path.is_file():
         kept = load_profile(path)
         settings_kept = kept.identity.get("engine_settings", {})
+        steps = Path(folder) / "steps.parquet"
+        measured = set(pd.read_parquet(steps, columns=["run"])["run"]) if steps.is_file() else ()
         if (
             kept.identity.get("machine", {}).get("torch_threads") == torch_threads
             and settings_kept.get("max_num_batched_tokens") == settings["max_num_batched_tokens"]
             and settings_kept.get("block_size") == settings["block_size"]
             and kept.identity.get("model", {}).get("name") == settings["model"]
+            and measured == {w.name for w in calibration_workloads(device)}
         ):
             return kept
     command = [sys.executable, "-m", "analysis", "calibrate", "--device", device, "--no-validate"]
