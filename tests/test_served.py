@@ -295,12 +295,13 @@ def test_a_cell_replays_in_the_servers_pool(tmp_path):
     assert tight["ttft_s"].median() > 1.5 * roomy["ttft_s"].median()
 
 
-@pytest.mark.parametrize("runs_kept", ["every workload", "one workload short"])
-def test_a_kept_server_profile_is_measured_again_when_its_workloads_differ(
-    tmp_path, monkeypatch, runs_kept
+@pytest.mark.parametrize("kept_as", ["it is now", "one workload short", "one term short"])
+def test_a_kept_server_profile_is_measured_again_when_its_workloads_or_terms_differ(
+    tmp_path, monkeypatch, kept_as
 ):
-    """A profile kept from a calibration with other workloads (an older version's) is not
-    reused: its fit never saw what the calibration now measures."""
+    """A profile kept from a calibration with other workloads or terms (an older version's)
+    is not reused: its fit never saw what the calibration now measures and charges."""
+    from analysis.engines.clock import TERMS
     from analysis.platform.manifest import write_json
     from analysis.timing.workloads import calibration_workloads
 
@@ -309,14 +310,18 @@ def test_a_kept_server_profile_is_measured_again_when_its_workloads_differ(
         "engine_settings": {"max_num_batched_tokens": 2048, "block_size": 32},
         "model": {"name": "tiny-llama"},
     }
-    kept = StepCostProfile(PROFILE.coefficients, PROFILE.admit_s, PROFILE.loop_s, identity)
+    dropped = sorted(set(TERMS) - set(PROFILE.coefficients))
+    if kept_as == "one term short":
+        dropped = dropped[1:]
+    fit = {"dropped_terms": dropped}
+    kept = StepCostProfile(PROFILE.coefficients, PROFILE.admit_s, PROFILE.loop_s, identity, fit)
     write_json(tmp_path / "profile.json", kept.to_dict())
     names = [w.name for w in calibration_workloads("cpu")]
-    if runs_kept != "every workload":
+    if kept_as == "one workload short":
         names = names[:-1]
     pd.DataFrame({"run": names}).to_parquet(tmp_path / "steps.parquet")
     commands = []
     monkeypatch.setattr("subprocess.run", lambda command, **kwargs: commands.append(command))
     profile = served.calibrate_like_server(SETTINGS, tmp_path, 1, say=lambda line: None)
     assert profile.coefficients == PROFILE.coefficients
-    assert len(commands) == (0 if runs_kept == "every workload" else 1)
+    assert len(commands) == (0 if kept_as == "it is now" else 1)

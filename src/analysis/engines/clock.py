@@ -8,6 +8,7 @@ named with its unit, fitted on a real engine's measured steps (`analysis.timing`
                    + prefill_request * prefill_requests
                    + sampled * sampled
                    + prefill_pair * prefill_pairs / 1e6 + decode_context * decode_context / 1e3
+                   + distinct_context * distinct_context / 1e3
 
 plus two costs outside a step, measured beside it: `admit_s` per request handed to the
 engine (request set-up, block hashing) and `loop_s` per step (the driver's own time between
@@ -42,6 +43,11 @@ TERMS: dict[str, tuple[str | None, float, str]] = {
     "sampled": ("sampled", 1.0, "s per request sampling a token"),
     "prefill_pair": ("prefill_pairs", 1e-6, "s per million prefill query-key pairs"),
     "decode_context": ("decode_context", 1e-3, "s per thousand context tokens read by decodes"),
+    "distinct_context": (
+        "distinct_context",
+        1e-3,
+        "s per thousand of those tokens in blocks no other decode of the step read first",
+    ),
 }
 # What must match between the profile and a run for its times to mean anything.
 IDENTITY_KEYS = ("machine", "dtype", "model", "vllm", "engine_settings")

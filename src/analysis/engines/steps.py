@@ -26,11 +26,8 @@ The features, one row per `schedule()` call (names as the step-cost profile uses
   several decoding requests share (a cached prefix) counts for the first of them only
   (`SharedPromptBlocks`). On a CPU a block that one decode of the step has read is still in
   the processor's caches when the next reads it, so those reads cost less than as many tokens
-  of blocks of their own (`python bench/run.py decode_sharing`). Recorded, not charged: a
-  term for the first reads fitted the real engine's steps better, and its held-out decodes
-  over a shared prompt, but it over-predicted the real server's throughput with several
-  clients over a cached prefix (the server's worker showed less of the saving), so the clock
-  leaves it out until the server's side of it is understood.
+  of blocks of their own (`python bench/run.py decode_sharing`). A profile charges every read
+  (`decode_context`) and, on top, the first reads of each block (`distinct_context`).
 
 The real engine adds each step's wall time (`wall_s`), so that the profile can be fitted on
 exactly these rows; replay on a clock adds the time its profile gave.

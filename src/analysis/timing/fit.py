@@ -62,7 +62,7 @@ def fit_coefficients(
 
 def non_negative_least_squares(matrix: np.ndarray, target: np.ndarray) -> np.ndarray:
     """The exact minimiser of |matrix @ x - target| over x >= 0, by trying every set of free
-    terms (2^9 small solves for the nine terms of a profile).
+    terms (2^10 small solves for the ten terms of a profile).
 
     The minimiser is the plain least-squares solution on some set of columns, so the best
     feasible one of those is it (ties go to fewer terms). A greedy "drop the most negative term
@@ -91,6 +91,8 @@ def non_negative_least_squares(matrix: np.ndarray, target: np.ndarray) -> np.nda
 def _varies(steps: pd.DataFrame, term: str) -> bool:
     """A feature that never changes cannot be told apart from the fixed cost."""
     feature = TERMS[term][0]
+    if feature is not None and feature not in steps.columns:
+        return False  # steps logged before the feature was (a profile fitted then lacks it)
     return feature is None or steps[feature].nunique() > 1
 
 

@@ -293,12 +293,12 @@ def calibrate_like_server(
     limits, and the server's torch threads (its worker computes on the cores vLLM binds it
     to, one fewer than the machine's on a small CPU, where the offline engine uses them all),
     so in a process of its own. Kept in `folder`, and measured again only when the settings,
-    the threads or the calibration workloads differ."""
+    the threads, the calibration workloads or the clock's terms differ."""
     import os
     import subprocess
     import sys
 
-    from analysis.engines.clock import load_profile
+    from analysis.engines.clock import TERMS, load_profile
     from analysis.timing.workloads import calibration_workloads
 
     path = Path(folder) / "profile.json"
@@ -313,6 +313,7 @@ def calibrate_like_server(
             and settings_kept.get("block_size") == settings["block_size"]
             and kept.identity.get("model", {}).get("name") == settings["model"]
             and measured == {w.name for w in calibration_workloads(device)}
+            and set(kept.coefficients) | set(kept.fit.get("dropped_terms", ())) == set(TERMS)
         ):
             return kept
     command = [sys.executable, "-m", "analysis", "calibrate", "--device", device, "--no-validate"]
