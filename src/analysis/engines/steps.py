@@ -36,7 +36,7 @@ exactly these rows; replay on a clock adds the time its profile gave.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Container
+from collections.abc import Collection, Container
 from typing import Any
 
 import numpy as np
@@ -223,7 +223,7 @@ class StepLog:
             self.columns["decode_context"][-1] += context
             self.columns["distinct_context"][-1] += context
 
-    def decodes_only(self, step: int, count: int, context: int, finished: Container[str]) -> None:
+    def decodes_only(self, step: int, count: int, context: int, finished: Collection[str]) -> None:
         """A step that ran no `schedule()` (replay skipped it: only parked decodes), logged as
         `schedule()` would have logged it, with the requests that finished before it (their
         ids, as `schedule()` would have reported them)."""
