@@ -492,7 +492,8 @@ def test_interrupting_the_client_leaves_no_server_process(tiny_model, tmp_path):
     work = (
         "import asyncio; from analysis.serving import loadgen\n"
         "    specs = loadgen.synthetic_prefix_workload(1024, 64, output_tokens=64)\n"
-        "    asyncio.run(loadgen.run_burst(server.base_url, server.model_name, specs, 8))"
+        "    while True:  # bursts until interrupted: one burst can end before the signal comes\n"
+        "        asyncio.run(loadgen.run_burst(server.base_url, server.model_name, specs, 8))"
     )
     parent = _start_parent(tmp_path, model=tiny_model, grace=20, work=work)
     try:
@@ -504,6 +505,7 @@ def test_interrupting_the_client_leaves_no_server_process(tiny_model, tmp_path):
         # another worker's engine on 2 cores a fresh CI run once took 89 s
         parent.wait(timeout=240)
         assert _alive(pgid) == []
+        assert parent.returncode != 0
         assert b"KeyboardInterrupt" in parent.stderr.read()
     finally:
         parent.kill()
