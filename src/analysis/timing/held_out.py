@@ -109,6 +109,25 @@ def errors(per_request: pd.DataFrame, side: str = "predicted") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def stand_in_errors(
+    folder: Path, profiles: dict[str, StepCostProfile], device: str, into: Path
+) -> pd.DataFrame:
+    """The folder's held-out workloads replayed on profiles that were not measured on its
+    machine (another GPU's, a roofline estimate), against what its real engine measured: what
+    a prediction made before the machine was at hand would have missed. One row per (profile,
+    workload); each profile is written under `into`."""
+    measured = read_requests(folder)
+    into.mkdir(parents=True, exist_ok=True)
+    frames = []
+    for number, (name, profile) in enumerate(profiles.items()):
+        path = into / f"stand-in-{number}.json"
+        path.write_text(json.dumps(profile.to_dict(), indent=1))
+        table = errors(compare(measured, predictions(path, device)), "replayed")
+        frames.append(table.assign(profile=name))
+    table = pd.concat(frames, ignore_index=True)
+    return table[["profile", "workload", *GOALS]]
+
+
 def repeat_spread(folder: Path) -> pd.DataFrame:
     """Per held-out workload, the real engine's second repeat against its first, in the same
     terms as replay's errors (`calibrate --repeats 2`): the engine's own spread in that run.
