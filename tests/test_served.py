@@ -70,6 +70,33 @@ def test_cell_trace_sends_the_warm_up_alone_then_each_client_in_turn():
     assert (trace["response_ids"].map(len) == 6).all()
 
 
+def test_the_clients_first_requests_reach_the_engine_one_front_end_turn_apart():
+    cells = sent_cells(repeats=1)
+    one = cells[(cells["mode"] == "no_cache") & (cells["concurrency"] == 3)]
+    trace = served.cell_trace(one, 3, stagger_s=0.004).iloc[1:]
+    first = trace[trace["turn_index"] == 0].set_index("conversation_id")["timestamp"]
+    assert (first - served.MEASURED_AFTER_S).round(9).to_dict() == {
+        "client0": 0.0,
+        "client1": 0.004,
+        "client2": 0.008,
+    }
+    assert (trace.loc[trace["turn_index"] > 0, "timestamp"] == served.MEASURED_AFTER_S).all()
+
+
+@pytest.mark.engine
+def test_a_staggered_first_request_is_prefilled_alone_and_the_others_join_the_next_step(tmp_path):
+    cells = sent_cells(repeats=1)
+    cell = cells[(cells["mode"] == "no_cache") & (cells["concurrency"] == 3)]
+    apart = served.replay_cells(cell, SETTINGS, PROFILE, served.ServerTerms(0.001), tmp_path)
+    together = served.replay_cells(cell, SETTINGS, PROFILE, served.ServerTerms(), tmp_path)
+    wave = cell.loc[~cell["warmup"], "request_id"].tolist()[:3]
+    ttft = apart.set_index("request_id").loc[wave, "ttft_s"]
+    assert ttft.iloc[0] < ttft.iloc[1]  # alone in its prefill step
+    assert ttft.iloc[1] == pytest.approx(ttft.iloc[2], abs=0.0011)  # one step, 1 ms apart
+    # started at once, the three are prefilled in one step and reach their first token together
+    assert together.set_index("request_id").loc[wave, "ttft_s"].nunique() == 1
+
+
 @pytest.mark.engine
 def test_the_server_terms_are_recovered_and_held_out_cells_predicted_exactly(tmp_path):
     cells = sent_cells()

@@ -3,8 +3,11 @@
 A server does more than its engine, and two named terms hold the rest:
 - `frontend_s` (s per request): the HTTP round trip, the hand-over to the engine process and
   back, the first streamed chunk. It is added to every request's TTFT and end-to-end time,
-  and it passes between a closed-loop client's reply and its next request (replay's think
-  time);
+  it passes between a closed-loop client's reply and its next request (replay's think
+  time), and it spaces the clients' first requests of a synthetic cell: clients that start
+  together reach the engine one front-end turn apart, so the first is prefilled alone and
+  the others join the next step (started at once in replay, all would share one prefill
+  step, and every decode after it would keep that lockstep);
 - `step_s` (s per engine step, added to the profile's `fixed` term): a CPU server runs the
   model in a worker process of its own, so every step crosses from the engine core to the
   worker and back, and its outputs on to the front end, which streams them.
@@ -78,18 +81,21 @@ def with_server(profile: StepCostProfile, terms: ServerTerms) -> StepCostProfile
     return replace(profile, coefficients=coefficients)
 
 
-def cell_trace(requests: pd.DataFrame, concurrency: int) -> pd.DataFrame:
+def cell_trace(requests: pd.DataFrame, concurrency: int, stagger_s: float = 0.0) -> pd.DataFrame:
     """One repeat of a cell as a replay trace with timestamps: the warm-up alone at 0, then
     each client's requests as one conversation whose turns all fall due at MEASURED_AFTER_S
     (so that each goes as soon as the think time after the client's previous reply has
-    passed)."""
+    passed). Client k's first request comes `stagger_s` after client k - 1's: the clients
+    start together, but the server's front end hands their requests to the engine one after
+    another, so the first is scheduled alone and the others join the next step."""
     rows = []
     measured = requests[~requests["warmup"]].reset_index(drop=True)
     for row in requests[requests["warmup"]].itertuples(index=False):
         rows.append(_trace_row(row, f"warmup/{row.request_id}", 0, 0.0))
     for index, row in enumerate(measured.itertuples(index=False)):
-        client = f"client{index % concurrency}"
-        rows.append(_trace_row(row, client, index // concurrency, MEASURED_AFTER_S))
+        client, turn = index % concurrency, index // concurrency
+        due = MEASURED_AFTER_S + (client * stagger_s if turn == 0 else 0.0)
+        rows.append(_trace_row(row, f"client{client}", turn, due))
     return pd.DataFrame(rows)
 
 
@@ -141,7 +147,11 @@ def replay_cell(
         clock=str(profile_path),
         **{"num_blocks": NUM_BLOCKS, **settings},
     )
-    trace = conversation_trace(first) if conversations else cell_trace(first, clients)
+    trace = (
+        conversation_trace(first)
+        if conversations
+        else cell_trace(first, clients, stagger_s=terms.frontend_s)
+    )
     result = run(trace, config, progress=False)
     replayed = result.requests
     measured = _is_measured(replayed)
