@@ -273,6 +273,16 @@ def test_a_conversation_cell_replays_as_a_closed_loop_of_its_conversations():
 
 
 @pytest.mark.engine
+def test_a_conversation_cells_two_clients_start_one_front_end_turn_apart(tmp_path):
+    cells = conversation_cells()
+    one = cells[(cells["mode"] == "no_cache") & (cells["repeat"] == 0)]
+    terms = served.ServerTerms(frontend_s=0.004)
+    replayed = served.replay_cells(one, SETTINGS, PROFILE, terms, tmp_path)
+    first, second = replayed.sort_values("start_s")["start_s"].iloc[:2]
+    assert (first, second) == (0.0, pytest.approx(0.004))
+
+
+@pytest.mark.engine
 def test_another_workload_is_predicted_with_the_kept_profile_and_terms(tmp_path):
     from analysis.platform.errors import ConfigError
     from analysis.platform.manifest import write_json

@@ -215,6 +215,17 @@ def test_timed_arrivals_hand_over_only_what_has_arrived():
     assert arrivals.due(5.0) == [4]
 
 
+def test_staggered_clients_start_one_stagger_apart_and_then_run_closed_loop():
+    trace = synthetic_trace(num_conversations=4, turns=2, seed=7)
+    workload = build_workload(trace, RunConfig(max_model_len=4096))
+    arrivals = TimedArrivals(workload, "closed-loop", 3, think_time_s=1.0, start_stagger_s=0.25)
+    assert arrivals.due(0.0) == [0] and arrivals.next_time() == 0.25
+    assert arrivals.due(0.5) == [2, 4]
+    np.testing.assert_allclose(arrivals.arrival_s[[0, 2, 4]], [0.0, 0.25, 0.5])
+    arrivals.after_finished([2], now=3.0)  # later turns: the think time only
+    assert arrivals.due(4.0) == [3]
+
+
 # --------------------------------------------------------------------------- bad settings
 @pytest.mark.parametrize(
     ("changes", "words"),
@@ -222,6 +233,9 @@ def test_timed_arrivals_hand_over_only_what_has_arrived():
         ({"mode": "poisson"}, "--arrival-rate"),
         ({"mode": "poisson", "arrival_rate": -1.0, "clock": "p.json"}, "--arrival-rate"),
         ({"think_time_s": -0.1}, "think_time_s"),
+        ({"start_stagger_s": -0.1}, "start_stagger_s"),
+        ({"start_stagger_s": 0.1, "mode": "batch", "clock": "p.json"}, "closed-loop"),
+        ({"start_stagger_s": 0.1}, "need a clock"),
         ({"engine": "vllm", "clock": "p.json", "block_size": 32}, "drop --clock"),
         ({"think_time_s": 1.0}, "need a clock"),
         ({"engine": "fleet", "replicas": 2, "think_time_s": 1.0}, "need a clock for fleet"),

@@ -47,6 +47,7 @@ FLEET_FIELDS = ("replicas", "router")
 TIME_FIELDS = {
     "arrival_rate": None,
     "think_time_s": 0.0,
+    "start_stagger_s": 0.0,
     "clock": None,
     "clock_anyway": False,
     "warmup": False,
@@ -91,6 +92,9 @@ class RunConfig:
     router: str = "round-robin"  # fleet: which replica a request goes to (ROUTERS)
     arrival_rate: float | None = None  # poisson: conversations started per second
     think_time_s: float = 0.0  # closed-loop / poisson: seconds between a reply and the next turn
+    # closed-loop: client k's first request arrives k times this after the start (clients that
+    # start together reach a server's engine one front-end turn apart)
+    start_stagger_s: float = 0.0
     clock: str | None = None  # replay: a step-cost profile (JSON) that gives steps their time
     clock_anyway: bool = False  # use a profile measured for another machine / model / vLLM
     warmup: bool = False  # vllm: a few requests before the measured run (a warm engine)
@@ -142,6 +146,8 @@ class RunConfig:
             parts.append(f"x{self.replicas}-{self.router}")
         if self.think_time_s:
             parts.append(f"think{self.think_time_s:g}")
+        if self.start_stagger_s:
+            parts.append(f"stagger{self.start_stagger_s:g}")
         if self.clock is not None:
             parts.append("timed")
         if not self.prefix_caching:
@@ -155,6 +161,7 @@ class RunConfig:
         return (
             self.mode in ("poisson", "timestamps")
             or self.think_time_s > 0
+            or self.start_stagger_s > 0
             or self.clock is not None
         )
 
@@ -293,6 +300,14 @@ def _check_time(config: RunConfig) -> None:
     think = config.think_time_s
     if not (isinstance(think, int | float) and math.isfinite(think) and think >= 0):
         raise ConfigError(f"think_time_s must be 0 or more seconds (got {think!r})")
+    stagger = config.start_stagger_s
+    if not (isinstance(stagger, int | float) and math.isfinite(stagger) and stagger >= 0):
+        raise ConfigError(f"start_stagger_s must be 0 or more seconds (got {stagger!r})")
+    if stagger and config.mode != "closed-loop":
+        raise ConfigError(
+            f"start_stagger_s spaces the first requests of closed-loop clients; mode "
+            f"{config.mode!r} has none: drop it or use mode='closed-loop'"
+        )
     if config.clock is not None and config.engine not in ("replay", "fleet"):
         raise ConfigError(
             f"--clock gives replay's steps their time; the {config.engine} engine "
@@ -301,7 +316,8 @@ def _check_time(config: RunConfig) -> None:
         )
     if config.engine in ("replay", "fleet") and config.clock is None and config.timed:
         raise ConfigError(
-            f"arrivals in seconds (mode poisson or timestamps, or a think time) need a clock for "
+            f"arrivals in seconds (mode poisson or timestamps, a think time or a start stagger) "
+            f"need a clock for "
             f"{config.engine}: give "
             "--clock PROFILE.json (measured by `python -m analysis calibrate`), or use "
             "--engine vllm, which runs on the wall clock"

@@ -9,6 +9,7 @@ next one. Modes:
 - `batch`: every request at time 0.
 - `closed-loop`: C clients; a client's next turn arrives `think_time_s` after its previous
   turn finished, and a client whose conversation is over starts the next one at once.
+  Client k's first request arrives at k * `start_stagger_s` (default 0: all at once).
   With a think time of 0 this releases exactly what `Arrivals` releases, at the same step
   boundaries (a test holds the counts equal).
 - `poisson`: open loop; conversations start at the times of a Poisson process of
@@ -46,6 +47,7 @@ class TimedArrivals:
         *,
         arrival_rate: float | None = None,
         think_time_s: float = 0.0,
+        start_stagger_s: float = 0.0,
         seed: int = 0,
     ) -> None:
         self._specs = workload.specs
@@ -64,8 +66,8 @@ class TimedArrivals:
                     self._push(0.0, spec.index, [])
         elif mode == "closed-loop":
             self._queue = deque(conversations)
-            for _ in range(concurrency):
-                self._start_next(0.0)
+            for client in range(concurrency):
+                self._start_next(client * float(start_stagger_s))
         elif mode == "poisson":
             if not arrival_rate or arrival_rate <= 0:
                 raise ValueError("poisson arrivals need a positive arrival_rate")
@@ -88,6 +90,7 @@ class TimedArrivals:
             config.concurrency,
             arrival_rate=config.arrival_rate,
             think_time_s=config.think_time_s,
+            start_stagger_s=config.start_stagger_s,
             seed=config.seed,
         )
 

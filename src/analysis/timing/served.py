@@ -7,7 +7,8 @@ A server does more than its engine, and two named terms hold the rest:
   time), and it spaces the clients' first requests of a synthetic cell: clients that start
   together reach the engine one front-end turn apart, so the first is prefilled alone and
   the others join the next step (started at once in replay, all would share one prefill
-  step, and every decode after it would keep that lockstep);
+  step, and every decode after it would keep that lockstep); a ShareGPT cell's clients start
+  so too (`RunConfig.start_stagger_s`);
 - `step_s` (s per engine step, added to the profile's `fixed` term): a CPU server runs the
   model in a worker process of its own, so every step crosses from the engine core to the
   worker and back, and its outputs on to the front end, which streams them.
@@ -143,6 +144,7 @@ def replay_cell(
         mode="closed-loop" if conversations else "timestamps",
         concurrency=clients,
         think_time_s=terms.frontend_s,
+        start_stagger_s=terms.frontend_s if conversations else 0.0,  # synthetic: in the trace
         prefix_caching=cell["mode"] == "cache",
         clock=str(profile_path),
         **{"num_blocks": NUM_BLOCKS, **settings},
