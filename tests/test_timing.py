@@ -549,8 +549,14 @@ def test_predict_prints_a_json_summary_and_refuses_bad_arrivals(tmp_path, capsys
     summary = json.loads(capsys.readouterr().out)
     assert summary["requests"] == 8 and summary["replicas"] == 2
     assert set(pd.read_parquet(summary["requests_parquet"])["replica"]) == {0, 1}
+    assert cli.main([*base, "--clients", "2", "--start-stagger", "0.5", "--json"]) == 0
+    staggered = pd.read_parquet(json.loads(capsys.readouterr().out)["requests_parquet"])
+    first_turns = staggered[staggered["turn_index"] == 0].set_index("conversation_id")
+    two = pd.read_parquet(trace)["conversation_id"].unique()[:2]  # the two clients' first
+    assert first_turns.loc[two, "arrival_s"].tolist() == [0.0, 0.5]
     for bad, words in [
         (["--rate", "0"], "positive"),
+        (["--rate", "1", "--start-stagger", "0.5"], "closed-loop"),
         (["--clients", "2", "--slo-tpot", "0"], "--slo-tpot"),
         (["--clients", "2", "--replicas", "0"], "replicas must be a positive integer"),
     ]:

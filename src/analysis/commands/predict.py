@@ -49,6 +49,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--think-time", type=float, default=0.0, help="seconds between a reply and the next turn"
     )
     parser.add_argument(
+        "--start-stagger",
+        type=float,
+        default=0.0,
+        help="--clients: seconds between the clients' first requests (a server's front end)",
+    )
+    parser.add_argument(
         "--no-prefix-caching", action="store_true", help="vLLM's prefix caching off"
     )
     parser.add_argument(
@@ -113,6 +119,7 @@ def config_from_args(args: argparse.Namespace, profile: Any):
         "limit": args.limit,
         "seed": args.seed,
         "think_time_s": args.think_time,
+        "start_stagger_s": args.start_stagger,
         "clock": str(profile_path(args.profile)),
         "clock_anyway": args.clock_anyway,
         "prefix_caching": not args.no_prefix_caching,

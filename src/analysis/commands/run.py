@@ -117,6 +117,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="seconds between a reply and the conversation's next turn (closed-loop, poisson)",
     )
     parser.add_argument(
+        "--start-stagger",
+        type=float,
+        default=d.start_stagger_s,
+        help="closed-loop: seconds between the clients' first requests (a server's front end)",
+    )
+    parser.add_argument(
         "--clock",
         default=None,
         help="replay: a step-cost profile (python -m analysis calibrate) that gives steps time",
@@ -172,6 +178,7 @@ def config_from_args(args: argparse.Namespace):
         router=args.router,
         arrival_rate=args.arrival_rate,
         think_time_s=args.think_time,
+        start_stagger_s=args.start_stagger,
         clock=args.clock,
         clock_anyway=args.clock_anyway,
         warmup=args.warmup,
