@@ -192,6 +192,7 @@ class StepLog:
         """Wrap this scheduler instance's `schedule()` (never the class)."""
         schedule = scheduler.schedule
         columns = [self.columns[name] for name in FEATURES]
+        distinct = self.columns["distinct_context"]
         sharing = self.sharing
         sharing.attach(scheduler)
 
@@ -200,7 +201,7 @@ class StepLog:
             features = step_features(scheduler, output, self.known)
             for column, value in zip(columns, features, strict=True):
                 column.append(value)
-            self.columns["distinct_context"][-1] -= sharing.update(scheduler, output, self.known)
+            distinct[-1] -= sharing.update(scheduler, output, self.known)
             self.step.append(scheduler.current_step)
             return output
 

@@ -20,6 +20,7 @@ from analysis.engines.clock import StepCostProfile, load_profile
 from analysis.engines.result import RunResult
 from analysis.engines.steps import FEATURES
 from analysis.metrics.oracles import Checks
+from analysis.platform.manifest import write_json
 from analysis.runs import run
 from analysis.timing.calibration import BASE, error_row, latencies
 from analysis.timing.fit import METHODS, fit_profile, predict_steps
@@ -121,7 +122,7 @@ def stand_in_errors(
     frames = []
     for number, (name, profile) in enumerate(profiles.items()):
         path = into / f"stand-in-{number}.json"
-        path.write_text(json.dumps(profile.to_dict(), indent=1))
+        write_json(path, profile.to_dict())
         table = errors(compare(measured, predictions(path, device)), "replayed")
         frames.append(table.assign(profile=name))
     table = pd.concat(frames, ignore_index=True)
