@@ -29,6 +29,7 @@ from analysis.serving import (
     ServerConfig,
     ServerStartError,
     VllmServer,
+    kept_servers,
     loadgen,
     replayable,
     study,
@@ -136,6 +137,58 @@ def test_stand_in_server_starts_and_its_whole_group_is_killed(fake_launcher, tmp
         assert server.counters() == {"vllm:prefix_cache_queries": 5.0}
     assert _alive(pgid) == []
     server.stop()  # a second stop is harmless
+
+
+def _bench_for_fake(**changes) -> serving.ServingBenchConfig:
+    return serving.ServingBenchConfig(model="tiny-llama", startup_timeout_s=60, **changes)
+
+
+def test_a_kept_server_is_found_by_its_exact_flags_and_outlives_a_pair(fake_launcher, tmp_path):
+    bench = _bench_for_fake()
+    model = serving.resolve_model("tiny-llama")
+    with VllmServer(bench.server_config(model, "cache"), tmp_path / "kept.log") as server:
+        assert kept_servers.lookup(server.config) is None  # nothing published
+        published_entry = kept_servers.entry(server)
+        with kept_servers.published([server]) as registry:
+            # a process started inside the block (a notebook's kernel) finds it
+            child = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    "from analysis.serving import kept_servers as k, ServingBenchConfig as B, "
+                    "resolve_model as r\n"
+                    "found = k.lookup(B(model='tiny-llama', startup_timeout_s=60)"
+                    ".server_config(r('tiny-llama'), 'cache'))\n"
+                    "print(found.base_url if found else None)",
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            assert child.stdout.strip() == server.base_url
+            # a pair attaches to it instead of starting one, and lets it be when it stops
+            said: list[str] = []
+            with serving.ServerPair(root=tmp_path, log=said.append) as pair:
+                (attached,) = pair.get(bench, model, ["cache"]).values()
+                assert attached.base_url == server.base_url and attached.pid is None
+            assert any("using the kept vLLM server (cache)" in line for line in said)
+            assert _alive(server.pgid) and serving_server._http(f"{server.base_url}/health")[0]
+            # any other flag, or the other mode, is not this server
+            assert (
+                kept_servers.lookup(_bench_for_fake(block_size=16).server_config(model, "cache"))
+                is None
+            )
+            assert kept_servers.lookup(bench.server_config(model, "no_cache")) is None
+        assert not registry.exists() and kept_servers.ENV not in os.environ
+        assert kept_servers.lookup(server.config) is None
+    with kept_servers.published([]) as registry:  # a kept server that is gone is not used
+        registry.write_text(json.dumps([published_entry]))
+        assert kept_servers.lookup(server.config) is None
+
+
+def test_a_stopped_or_unlaunched_server_cannot_be_kept(fake_launcher):
+    with pytest.raises(ValueError, match="only a server this process launched"):
+        kept_servers.entry(VllmServer(_fake_config()))
 
 
 def test_an_error_inside_the_block_still_stops_the_server(fake_launcher):
@@ -476,6 +529,15 @@ def test_real_server_measures_ttft_counts_hits_and_caches_results(
         assert summary["n_timeout"] == 3 and "3 timeout" in summary["notes"]
         _, summary = serving.execute_run(server, config, RunKey("cache", "512", 2), progress=False)
         assert summary["n_ok"] == 3
+
+        # kept for several notebooks: a pair inside the block measures on this server and
+        # leaves it running (nbval's notebooks 08 and 10 share a pair this way)
+        other = serving.ServingBenchConfig(**{**config.__dict__, "prefixes": (256,)})
+        with kept_servers.published([server]), serving.ServerPair(root=tmp_path) as pair:
+            kept = serving.run_serving_bench(other, root=tmp_path, progress=False, servers=pair)
+            assert pair.servers["cache"].port == server.port and pair.servers["cache"].pid is None
+        assert kept.iloc[0]["n_ok"] == 3 and kept.iloc[0]["prefix_cache_hits"] == 3 * 256
+        assert _alive(pgid) and serving_server._http(f"{server.base_url}/health")[0] == 200
     assert _alive(pgid) == []
 
     # finished runs are read back, no server is started

@@ -54,6 +54,7 @@ def main(args: argparse.Namespace) -> int:
     from analysis.platform.progress import interactive
     from analysis.report import durations, timings
     from analysis.report.notebooks import execute, progress_noise, report_notebooks, to_html
+    from analysis.report.server_keeper import ServerKeeper
 
     if args.begin:
         timings.begin()
@@ -74,18 +75,21 @@ def main(args: argparse.Namespace) -> int:
         notebooks = [p for p in notebooks if any(p.name.startswith(s) for s in args.notebooks)]
         if not notebooks:
             raise UsageError(f"no notebook matches {' '.join(args.notebooks)} in notebooks/")
-    for notebook in notebooks:
-        print(f"executing {notebook.name} ...", flush=True)
-        done = execute(notebook, progress=interactive())
-        timings.record(f"notebook {notebook.stem}", done.seconds)
-        note = timings.overrun(done.seconds, timings.stated_seconds(notebook))
-        print(
-            f"  {notebook.name}: {timings.format_seconds(done.seconds)}"
-            + (f" ({note})" if note else ""),
-            flush=True,
-        )
-        for noise in progress_noise(notebook):
-            print(f"  progress-bar noise in its stderr: {noise!r}", flush=True)
+    with ServerKeeper(notebooks) as keeper:
+        for notebook in notebooks:
+            print(f"executing {notebook.name} ...", flush=True)
+            keeper.before(notebook)
+            done = execute(notebook, progress=interactive())
+            keeper.after(notebook)
+            timings.record(f"notebook {notebook.stem}", done.seconds)
+            note = timings.overrun(done.seconds, timings.stated_seconds(notebook))
+            print(
+                f"  {notebook.name}: {timings.format_seconds(done.seconds)}"
+                + (f" ({note})" if note else ""),
+                flush=True,
+            )
+            for noise in progress_noise(notebook):
+                print(f"  progress-bar noise in its stderr: {noise!r}", flush=True)
     if not args.no_html:
         started = time.perf_counter()
         index = to_html(report_notebooks())
@@ -108,6 +112,7 @@ def run_study(profile: str, prefixes: list[str]) -> int:
     from analysis.platform.paths import figures_dir
     from analysis.platform.progress import interactive
     from analysis.report.notebooks import execute, report_notebooks
+    from analysis.report.server_keeper import ServerKeeper
     from analysis.serving import study as serving_study
 
     try:
@@ -119,8 +124,11 @@ def run_study(profile: str, prefixes: list[str]) -> int:
         raise UsageError(f"no notebook matches {' '.join(prefixes)} in notebooks/")
     os.environ["PREFIX_CACHE_LAB_FIGURES"] = f"figures/{profile}"  # the kernels inherit it
     folder = figures_dir()
-    for notebook in chosen:
-        print(f"executing {notebook.name} with profile={profile!r} ...", flush=True)
-        done = execute(notebook, folder / notebook.name, {"profile": profile}, interactive())
-        print(f"  {done.output}: {done.seconds / 60:.1f} min", flush=True)
+    with ServerKeeper(chosen, profile) as keeper:
+        for notebook in chosen:
+            print(f"executing {notebook.name} with profile={profile!r} ...", flush=True)
+            keeper.before(notebook)
+            done = execute(notebook, folder / notebook.name, {"profile": profile}, interactive())
+            keeper.after(notebook)
+            print(f"  {done.output}: {done.seconds / 60:.1f} min", flush=True)
     return 0

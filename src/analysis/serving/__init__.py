@@ -7,6 +7,7 @@ neither vllm nor torch. Its modules:
 - `bench_config`: `ServingBenchConfig`, `RunKey` and the run id that names a run's folder.
 - `bench_run`: one run on a running server (requests, counters, gauges) and its repeats.
 - `benchmark`: `run_serving_bench` (caching on vs off, every cell) and `ServerPair`.
+- `kept_servers`: servers kept for several notebooks, found by a kernel through the environment.
 - `storage`: run folders written (manifest last) and read back as tables.
 - `calibrate`: one request's cost on a server, and the requests that fit a budget.
 - `tables`: the summary table, its readable form, and caching on against off side by side.

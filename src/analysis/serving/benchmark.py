@@ -22,6 +22,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.platform.manifest import git_commit, package_versions
+from analysis.serving import kept_servers
 from analysis.serving.bench_config import RunKey, ServingBenchConfig, cell_dir, run_id
 from analysis.serving.bench_run import (
     combine_repeats,
@@ -84,7 +85,9 @@ def _run_manifest(
 class ServerPair:
     """The caching-on and caching-off servers of one benchmark, started together on first
     use and reused by every later benchmark whose server flags are the same (a notebook
-    starts each server once). `with ServerPair() as pair:`; stopped on exit."""
+    starts each server once). `with ServerPair() as pair:`; stopped on exit. A server that
+    the process running the notebooks keeps for all of them (`kept_servers`) is used instead
+    of a new one, and left running."""
 
     def __init__(self, root: Path | None = None, log: Any = None) -> None:
         self.root = Path(root) if root else serving_root()
@@ -103,6 +106,11 @@ class ServerPair:
         stale = [m for m, c in wanted.items() if m in self.servers and self.servers[m].config != c]
         for mode in stale:
             self.servers.pop(mode).stop()
+        for mode in [m for m in modes if m not in self.servers]:
+            kept = kept_servers.lookup(wanted[mode])
+            if kept is not None:
+                self.say(f"using the kept vLLM server ({mode}) at {kept.base_url}")
+                self.servers[mode] = kept
         new = [m for m in modes if m not in self.servers]
         for mode in new:
             digest = _digest(asdict(wanted[mode]))

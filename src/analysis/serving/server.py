@@ -259,6 +259,25 @@ class VllmServer:
         self._log = None
         self._launched_at = math.nan
 
+    @classmethod
+    def attached(
+        cls,
+        config: ServerConfig,
+        *,
+        port: int,
+        log_path: Path,
+        command: list[str],
+        startup_s: float,
+    ) -> VllmServer:
+        """A handle on a ready server that another process started and will stop (see
+        `kept_servers`): it is measured through like any other, and its `stop()` lets go
+        without ending anything."""
+        server = cls(config, log_path)
+        server.port = port
+        server.command = list(command)
+        server.startup_s = startup_s
+        return server
+
     @property
     def base_url(self) -> str:
         return f"http://{self.config.host}:{self.port}"

@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -240,6 +242,20 @@ def synthetic_section(
     chosen = plan(pair, study, synthetic_cells(study))
     config = synthetic_config(study, chosen)
     return serving.run_serving_bench(config, servers=pair, force=force, progress=False), chosen
+
+
+@contextmanager
+def kept_servers(profile: str = "cpu") -> Iterator[serving.ServerPair]:
+    """The study's caching-on and caching-off servers (the `profile` parameter set's flags,
+    which every section of notebooks 08 and 10 shares), started now and kept for every
+    notebook whose kernel starts inside the block (`serving.kept_servers`); stopped at its end."""
+    from analysis.serving import kept_servers as kept
+
+    config = params(profile).bench()
+    with serving.ServerPair() as pair:
+        pair.get(config, serving.resolve_model(config.model), serving.MODES)
+        with kept.published(pair.servers.values()):
+            yield pair
 
 
 def synthetic_config(study: StudyParams, chosen: Plan) -> serving.ServingBenchConfig:
