@@ -8,6 +8,7 @@ whole group always goes away. Tests marked `engine` start the real `vllm serve` 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -146,7 +147,8 @@ def _bench_for_fake(**changes) -> serving.ServingBenchConfig:
 def test_a_kept_server_is_found_by_its_exact_flags_and_outlives_a_pair(fake_launcher, tmp_path):
     bench = _bench_for_fake()
     model = serving.resolve_model("tiny-llama")
-    with VllmServer(bench.server_config(model, "cache"), tmp_path / "kept.log") as server:
+    quick = dataclasses.replace(bench.server_config(model, "cache"), stop_grace_s=0.5)
+    with VllmServer(quick, tmp_path / "kept.log") as server:
         assert kept_servers.lookup(server.config) is None  # nothing published
         published_entry = kept_servers.entry(server)
         with kept_servers.published([server]) as registry:
@@ -166,7 +168,8 @@ def test_a_kept_server_is_found_by_its_exact_flags_and_outlives_a_pair(fake_laun
                 check=True,
             )
             assert child.stdout.strip() == server.base_url
-            # a pair attaches to it instead of starting one, and lets it be when it stops
+            # a pair attaches to it instead of starting one (its own stop grace does not make
+            # it another server), and lets it be when it stops
             said: list[str] = []
             with serving.ServerPair(root=tmp_path, log=said.append) as pair:
                 (attached,) = pair.get(bench, model, ["cache"]).values()

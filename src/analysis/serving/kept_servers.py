@@ -3,10 +3,10 @@
 (two vLLM starts cost about 45 s on 2 cores).
 
 The keeper publishes its ready servers in a small JSON file named by the environment variable
-`PREFIX_CACHE_LAB_SERVERS`, which the kernels it starts inherit. A kernel's `ServerPair` looks a
-server up by its exact configuration (the digest of every flag, the model included) and
-attaches to it; anything else, or a server that no longer answers, it starts itself, as a
-notebook run on its own always does. The keeper alone stops them.
+`PREFIX_CACHE_LAB_SERVERS`, which the kernels it starts inherit. A kernel's `ServerPair` looks
+a server up by its model and every flag it was started with, and attaches to it; anything
+else, or a server that no longer answers, it starts itself, as a notebook run on its own always
+does. The keeper alone stops them.
 
 A module of its own: which servers are shared, and how a process finds them, is apart from
 starting one (`server`) and from measuring on one (`benchmark`).
@@ -19,7 +19,6 @@ import os
 import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
 from pathlib import Path
 
 from analysis.platform.manifest import process_alive
@@ -29,12 +28,18 @@ from analysis.serving.storage import _digest
 ENV = "PREFIX_CACHE_LAB_SERVERS"
 
 
+def identity(config: ServerConfig) -> str:
+    """What makes two servers the same server: the model and every flag it is started with
+    (not the port, nor how long this process waits for it to start or stop)."""
+    return _digest({"model": config.model, "flags": config.flags()})
+
+
 def entry(server: VllmServer) -> dict:
     """What a kernel needs to attach to a ready server of ours."""
     if server.pid is None or server.port is None:
         raise ValueError("only a server this process launched, and that is ready, can be kept")
     return {
-        "digest": _digest(asdict(server.config)),
+        "identity": identity(server.config),
         "pid": server.pid,
         "port": server.port,
         "log_path": str(server.log_path),
@@ -73,9 +78,9 @@ def lookup(config: ServerConfig) -> VllmServer | None:
         entries = json.loads(Path(path).read_text())
     except (OSError, ValueError):
         return None
-    digest = _digest(asdict(config))
+    wanted = identity(config)
     for found in entries:
-        if found.get("digest") != digest or not process_alive(int(found["pid"])):
+        if found.get("identity") != wanted or not process_alive(int(found["pid"])):
             continue
         server = VllmServer.attached(
             config,
