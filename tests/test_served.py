@@ -143,6 +143,24 @@ def test_a_server_slower_than_predicted_is_named_as_a_miss(tmp_path):
     assert text.count("\n- ") == len(missed) and "p50_ttft" in text
 
 
+def test_a_per_request_term_fitted_to_zero_is_said_to_leave_the_clients_in_lockstep():
+    table = pd.DataFrame(
+        [
+            {"mode": "cache", "prefix_regime": "0", "concurrency": c, "family": family,
+             "statistic": "mean_tpot", "predicted": 0.03, "measured_median_of_repeats": 0.07,
+             "error": -0.57, "goal": 0.05, "server_repeat_spread": 0.02,
+             "met_by": "missed" if c > 1 else "the goal"}
+            for c, family in ((1, "fitted"), (4, "held out"))
+        ]
+    )  # fmt: skip
+    zero = served.reading(table, served.ServerTerms(frontend_s=0.0, step_s=0.0019), 1)
+    assert served.LOCKSTEP_WARNING in zero and "0.0 ms per request" in zero
+    kept = served.reading(table, served.ServerTerms(frontend_s=0.0025, step_s=0.0), 1)
+    assert served.LOCKSTEP_WARNING not in kept
+    one_client = served.reading(table[table["concurrency"] == 1], served.ServerTerms(), 1)
+    assert served.LOCKSTEP_WARNING not in one_client
+
+
 @pytest.mark.engine
 def test_replayed_cached_tokens_that_differ_from_the_server_fail_the_check(tmp_path):
     cells = sent_cells(repeats=1)

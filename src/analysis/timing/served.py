@@ -411,7 +411,20 @@ def reading(
             f"{row.measured_median_of_repeats:.4g} measured ({row.error:+.0%}; goal "
             f"{row.goal:.0%}, spread {row.server_repeat_spread:.0%})"
         )
+    if terms.frontend_s <= 0 and (held["concurrency"] > 1).any():
+        lines += ["", LOCKSTEP_WARNING]
     return "\n".join(lines)
+
+
+# Said under a comparison whose per-request term fitted to 0: the clients' stagger is that term.
+LOCKSTEP_WARNING = (
+    "The per-request term fitted to 0 ms (the one-client cells' TTFT left nothing to it once "
+    "the per-step term was in), so replay hands the clients' first requests to the engine at "
+    "the same instant: they share one prefill step and then decode in lockstep, where the "
+    "server prefills the first request alone and the others in the next step. Read the "
+    "several-client TPOT and TTFT errors above with that in mind: they measure this fit's "
+    "missing stagger as much as the clock."
+)
 
 
 @dataclass
