@@ -186,6 +186,18 @@ def test_a_server_group_launched_as_serve_bench_does_ends_with_its_killed_parent
     assert _kill_parent_and_find_survivors(parent, pids, signum, 30) == []
 
 
+def _guards() -> list[psutil.Process]:
+    """This process's guard children, by the command line they run."""
+    found = []
+    for child in psutil.Process().children():
+        try:
+            if "end_group_at_eof" in " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.Error:
+            continue
+    return found
+
+
 def test_a_stopped_server_leaves_no_guard_behind(monkeypatch):
     from analysis import serving
     from analysis.serving import server as serving_server
@@ -195,7 +207,11 @@ def test_a_stopped_server_leaves_no_guard_behind(monkeypatch):
     )
     server = serving.VllmServer(serving.ServerConfig(model="tiny-llama", stop_grace_s=0.5))
     server.launch()
-    guards = [p for p in psutil.Process().children() if "end_group_at_eof" in " ".join(p.cmdline())]
+    guards = _guards()
+    deadline = time.monotonic() + 30  # a guard just forked shows our command line until exec
+    while not guards and time.monotonic() < deadline:
+        time.sleep(0.05)
+        guards = _guards()
     assert len(guards) == 1
     server.stop()
     assert _survivors([guards[0].pid], 0) == []
