@@ -132,10 +132,7 @@ def test_own_connections_to_a_port_are_shut_down_and_others_kept():
         accepted, _ = listener.accept()
         other_accepted, _ = other_listener.accept()
         with client, other, accepted, other_accepted:
-            serving_server.close_own_connections("127.0.0.2", port)  # another host: kept
-            client.sendall(b"y")
-            assert accepted.recv(1) == b"y"
-            serving_server.close_own_connections("127.0.0.1", port)
+            serving_server.close_own_connections(port)
             accepted.settimeout(5)
             assert accepted.recv(1) == b""  # the server sees the client close
             other.sendall(b"x")  # a connection to another port is untouched

@@ -230,8 +230,8 @@ def _http(url: str, method: str = "GET", timeout_s: float = 2.0) -> tuple[int, b
         return 0, b""
 
 
-def close_own_connections(host: str, port: int | None) -> None:
-    """Shut down this process's TCP connections to `host`:`port`. A stopping `vllm serve` waits for
+def close_own_connections(port: int | None) -> None:
+    """Shut down this process's TCP connections to `port`. A stopping `vllm serve` waits for
     its clients to close theirs (uvicorn's "Waiting for connections to close") and ignores a
     second SIGTERM; when the client is this process, interrupted inside a request by Ctrl-C,
     it never closes them, and the stop would wait out the whole grace period."""
@@ -240,13 +240,11 @@ def close_own_connections(host: str, port: int | None) -> None:
     if port is None:
         return
     try:
-        address = socket.gethostbyname(host)  # psutil names the peer by its address
         connections = psutil.Process().net_connections(kind="tcp")
-    except (OSError, psutil.Error):
+    except psutil.Error:
         return
     for connection in connections:
-        remote = connection.raddr
-        if not (remote and (remote.ip, remote.port) == (address, port) and connection.fd >= 0):
+        if not (connection.raddr and connection.raddr.port == port and connection.fd >= 0):
             continue
         # a duplicate of the descriptor: shutting it down ends the connection itself, while
         # the client's own descriptor stays valid for it to close
@@ -401,7 +399,7 @@ class VllmServer:
         proc, self._proc = self._proc, None
         try:
             if proc is not None and self.pgid is not None:
-                close_own_connections(self.config.host, self.port)
+                close_own_connections(self.port)
                 terminate_group(self.pgid, proc, self.config.stop_grace_s)
         finally:
             _LIVE.pop(id(self), None)
