@@ -121,25 +121,6 @@ def test_launcher_runs_the_real_server_entry_point():
         assert command[1:3] == ["serve", "tiny-llama"]
 
 
-def test_own_connections_to_a_port_are_shut_down_and_others_kept():
-    with (
-        socket.create_server(("127.0.0.1", 0)) as listener,
-        socket.create_server(("127.0.0.1", 0)) as other_listener,
-    ):
-        port = listener.getsockname()[1]
-        client = socket.create_connection(("127.0.0.1", port))
-        other = socket.create_connection(("127.0.0.1", other_listener.getsockname()[1]))
-        accepted, _ = listener.accept()
-        other_accepted, _ = other_listener.accept()
-        with client, other, accepted, other_accepted:
-            serving_server.close_own_connections(port)
-            accepted.settimeout(5)
-            assert accepted.recv(1) == b""  # the server sees the client close
-            other.sendall(b"x")  # a connection to another port is untouched
-            assert other_accepted.recv(1) == b"x"
-            client.close()  # the client's own descriptor is still its to close
-
-
 def test_free_port_can_be_bound():
     port = serving.free_port()
     with socket.socket() as sock:
@@ -255,7 +236,6 @@ PARENT = textwrap.dedent(
     config = serving.ServerConfig(model={model!r}, stop_grace_s={grace})
     with serving.VllmServer(config) as server:
         print(server.pgid, flush=True)
-        print(server.log_path, flush=True)
         {work}
     """
 )
@@ -583,20 +563,15 @@ def test_interrupting_the_client_leaves_no_server_process(tiny_model, tmp_path):
     parent = _start_parent(tmp_path, model=tiny_model, grace=20, work=work)
     try:
         pgid = _read_pgid(parent)
-        log = Path(parent.stdout.readline().decode().strip())
         assert len(_alive(pgid)) >= 2  # API server and engine core
         time.sleep(2.0)  # requests in flight
         parent.send_signal(signal.SIGINT)
-        # a bound on a hang, not on speed: beside another worker's engine on 2 cores a fresh
-        # CI run once took 89 s
+        # a bound on a hang, not on speed: alone it ends in about half a minute, but beside
+        # another worker's engine on 2 cores a fresh CI run once took 89 s
         parent.wait(timeout=240)
         assert _alive(pgid) == []
         assert parent.returncode != 0
         assert b"KeyboardInterrupt" in parent.stderr.read()
-        # the server shut down by itself, not killed after the grace period: the interrupted
-        # client's connections were closed for it (a killed server leaves its shared memory
-        # in /dev/shm)
-        assert "Application shutdown complete" in log.read_text(errors="replace")
     finally:
         parent.kill()
         parent.wait()

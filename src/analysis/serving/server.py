@@ -230,32 +230,6 @@ def _http(url: str, method: str = "GET", timeout_s: float = 2.0) -> tuple[int, b
         return 0, b""
 
 
-def close_own_connections(port: int | None) -> None:
-    """Shut down this process's TCP connections to `port`. A stopping `vllm serve` waits for
-    its clients to close theirs (uvicorn's "Waiting for connections to close") and ignores a
-    second SIGTERM; when the client is this process, interrupted inside a request by Ctrl-C,
-    it never closes them, and the stop would wait out the whole grace period."""
-    import psutil
-
-    if port is None:
-        return
-    try:
-        connections = psutil.Process().net_connections(kind="tcp")
-    except psutil.Error:
-        return
-    for connection in connections:
-        if not (connection.raddr and connection.raddr.port == port and connection.fd >= 0):
-            continue
-        # a duplicate of the descriptor: shutting it down ends the connection itself, while
-        # the client's own descriptor stays valid for it to close
-        try:
-            duplicate = socket.socket(fileno=os.dup(connection.fd))
-        except OSError:
-            continue
-        with duplicate, contextlib.suppress(OSError):
-            duplicate.shutdown(socket.SHUT_RDWR)
-
-
 def _listens_on(pid: int, port: int) -> bool:
     """Whether our server process holds the listening socket (not someone else on the port)."""
     import psutil
@@ -399,7 +373,6 @@ class VllmServer:
         proc, self._proc = self._proc, None
         try:
             if proc is not None and self.pgid is not None:
-                close_own_connections(self.port)
                 terminate_group(self.pgid, proc, self.config.stop_grace_s)
         finally:
             _LIVE.pop(id(self), None)
