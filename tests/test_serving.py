@@ -554,11 +554,13 @@ def test_real_server_measures_ttft_counts_hits_and_caches_results(
 
 @pytest.mark.engine
 def test_interrupting_the_client_leaves_no_server_process(tiny_model, tmp_path):
+    # one burst far longer than the wait before the signal (8 requests of the tiny model can
+    # end first); one asyncio.run, so the signal never falls between two event loops, where
+    # bursts sent again and again once hung this test past its bound in two CI runs
     work = (
         "import asyncio; from analysis.serving import loadgen\n"
-        "    specs = loadgen.synthetic_prefix_workload(1024, 64, output_tokens=64)\n"
-        "    while True:  # bursts until interrupted: one burst can end before the signal comes\n"
-        "        asyncio.run(loadgen.run_burst(server.base_url, server.model_name, specs, 8))"
+        "    specs = loadgen.synthetic_prefix_workload(1024, 4096, output_tokens=64)\n"
+        "    asyncio.run(loadgen.run_burst(server.base_url, server.model_name, specs, 8))"
     )
     parent = _start_parent(tmp_path, model=tiny_model, grace=20, work=work)
     try:
