@@ -246,7 +246,11 @@ vllm:prefix_cache_hits_total{engine="0",model_name="m"} 2016.0
 vllm:num_preemptions_total{engine="0",model_name="m"} 0.0
 vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 1.0
 vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} 2.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.5",model_name="m"} 2.0
+vllm:time_to_first_token_seconds_count{engine="0",model_name="m"} 3.0
 vllm:time_to_first_token_seconds_sum{engine="0",model_name="m"} 0.7
+vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 0.01
+vllm:inter_token_latency_seconds_sum{engine="0",model_name="m"} 0.2
 """
 
 
@@ -257,6 +261,10 @@ def test_parse_prometheus_sums_label_sets_and_skips_created_stamps():
         "vllm:prefix_cache_hits": 2016.0,
         "vllm:num_preemptions": 0.0,
         "vllm:request_success": 3.0,
+        # the server's clocks: a histogram's sum and count, not its buckets
+        "vllm:time_to_first_token_seconds_count": 3.0,
+        "vllm:time_to_first_token_seconds_sum": 0.7,
+        "vllm:request_queue_time_seconds_sum": 0.01,
     }
 
 

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from analysis.engines.clock import StepCostProfile
+from analysis.metrics.server_clocks import server_clocks
 from analysis.serving import loadgen, replayable
 from analysis.serving.bench_config import ServingBenchConfig
 from analysis.serving.loadgen.workloads import shared_prefix
@@ -55,6 +56,45 @@ def measured_by(cells: pd.DataFrame, truth: pd.DataFrame) -> pd.DataFrame:
     keys = [*served.CELL_KEYS, "request_id"]
     columns = ["start_s", "ttft_s", "e2e_s", "tpot_s", "output_tokens", "cached_tokens"]
     return cells.merge(truth[[*keys, *columns]], on=keys, validate="many_to_one")
+
+
+def with_clocks(cells: pd.DataFrame, frontend_s: float, timed: int = 0) -> pd.DataFrame:
+    """`cells` with the server's own clocks: per cell, an engine that queued nothing for 1 ms
+    and spent the rest of the client's TTFT, less `frontend_s`, prefilling; the server timed
+    `timed` requests fewer than the client measured."""
+    frames = []
+    for _, cell in cells.groupby(served.CELL_KEYS, sort=False):
+        sent = cell[~cell["warmup"] & (cell["status"] == "ok")]
+        count = len(sent) - timed
+        clocks = {
+            # vLLM's own TTFT starts 2 ms after the client's
+            "time_to_first_token_seconds_sum": (sent["ttft_s"].mean() - 0.002) * count,
+            "time_to_first_token_seconds_count": count,
+            "request_queue_time_seconds_sum": 0.001 * count,
+            "request_queue_time_seconds_count": count,
+            "request_prefill_time_seconds_sum": (sent["ttft_s"].mean() - frontend_s - 0.001)
+            * count,
+            "request_prefill_time_seconds_count": count,
+        }
+        frames.append(cell.assign(**clocks))
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_the_server_clocks_split_a_ttft_into_engine_and_front_end():
+    cells = sent_cells().assign(ttft_s=0.05)
+    clocks = server_clocks(with_clocks(cells, frontend_s=0.004))
+    assert len(clocks) == 4 and clocks["timed_every_request"].all()
+    assert clocks["client_ttft_s"].tolist() == pytest.approx([0.05] * 4)
+    assert clocks["engine_queue_s"].tolist() == pytest.approx([0.001] * 4)
+    assert clocks["engine_prefill_s"].tolist() == pytest.approx([0.045] * 4)
+    assert clocks["frontend_s"].tolist() == pytest.approx([0.004] * 4)
+    assert clocks["outside_s"].tolist() == pytest.approx([0.002] * 4)
+    assert clocks["handover_s"].tolist() == pytest.approx([0.002] * 4)
+    assert (clocks["requests_measured"] == 2 * 9).all()  # two repeats of 9 after the warm-up
+    short = server_clocks(with_clocks(cells, frontend_s=0.004, timed=1))
+    assert not short["timed_every_request"].any()
+    # cells measured before the server's clocks were recorded: nothing to split
+    assert server_clocks(cells).empty
 
 
 def test_cell_trace_sends_the_warm_up_alone_then_each_client_in_turn():
@@ -119,6 +159,37 @@ def test_the_server_terms_are_recovered_and_held_out_cells_predicted_exactly(tmp
     # with three clients the requests queue: the held-out TTFT is not the one-client TTFT
     ttft = table[table["statistic"] == "p50_ttft"].set_index(["mode", "concurrency"])["predicted"]
     assert ttft[("cache", 3)] > ttft[("cache", 1)]
+
+
+@pytest.mark.engine
+def test_the_per_request_term_is_measured_by_the_server_clocks_where_they_ran(tmp_path):
+    cells = sent_cells()
+    known = served.ServerTerms(frontend_s=0.012, step_s=0.003)
+    truth = served.replay_cells(cells, SETTINGS, PROFILE, known, tmp_path)
+    # the server's clocks put 7 ms in its front end, where the client's TTFT against replay's
+    # would fit 12 ms: the other 5 ms are the engine's, which its profile missed
+    measured = with_clocks(measured_by(cells, truth), frontend_s=0.007)
+
+    terms = served.fit_terms(measured, SETTINGS, PROFILE, tmp_path)
+    assert terms.frontend_s == pytest.approx(0.007)
+    assert terms.frontend_source == served.FRONTEND_MEASURED
+    assert terms.step_s == pytest.approx(known.step_s, abs=1e-12)
+    predicted = served.replay_cells(measured, SETTINGS, PROFILE, terms, tmp_path)
+    breakdown = served.ttft_breakdown(server_clocks(measured), predicted, terms)
+    # the missing 5 ms show as the engine's error, not the front end's, where one client
+    # leaves the engine idle (with more, vLLM's clocks miss the wait for a running step)
+    ones = breakdown["concurrency"] == 1
+    assert (breakdown.loc[ones, "engine_error"] < -0.05).all()
+    assert breakdown.loc[~ones, "engine_error"].isna().all()
+    reading = served.engine_reading(breakdown)
+    assert "7.0-7.0 ms per request" in reading
+    assert reading.count("prefix 256 -") == 2  # both modes' one-client cells, negative
+    # a server that timed fewer requests than the client measured leaves the term fitted
+    fitted = served.fit_terms(
+        with_clocks(measured_by(cells, truth), 0.007, timed=1), SETTINGS, PROFILE, tmp_path
+    )
+    assert fitted.frontend_source == served.FRONTEND_FITTED
+    assert fitted.frontend_s == pytest.approx(known.frontend_s, abs=PROFILE.loop_s)
 
 
 @pytest.mark.engine

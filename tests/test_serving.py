@@ -24,6 +24,7 @@ import psutil
 import pytest
 
 from analysis import serving
+from analysis.metrics.server_clocks import SERVER_CLOCK_COLUMNS, server_clocks
 from analysis.platform.errors import ConfigError
 from analysis.serving import (
     RunKey,
@@ -498,6 +499,20 @@ def test_real_server_measures_ttft_counts_hits_and_caches_results(
         assert (requests.loc[~requests.warmup, "cached_tokens"] == 512).all()
         gauges = serving.load_gauges([row["run_id"]], root=tmp_path)
         assert len(gauges) >= 1 and gauges["kv_cache_usage_perc"].between(0, 1).all()
+        # the server's own clocks timed the warm-up apart from the 3 measured requests, and
+        # split the client's TTFT: HTTP outside vLLM, hand-over, the engine core's prefill
+        assert row["warmup_time_to_first_token_seconds_count"] == 1
+        assert row["request_prefill_time_seconds_count"] == 3
+        cell = requests.assign(
+            mode="cache",
+            prefix_regime="512",
+            concurrency=2,
+            **{name: row[name] for name in SERVER_CLOCK_COLUMNS},
+        )
+        clocks = server_clocks(cell).iloc[0]
+        assert clocks["timed_every_request"]
+        assert 0 < clocks["engine_prefill_s"] < clocks["client_ttft_s"]
+        assert clocks["outside_s"] > 0 and clocks["handover_s"] > 0
         capacity = server.kv_capacity_blocks()  # vLLM needs room for one max-length request
         assert capacity is not None and capacity * 32 >= config.max_model_len
         # the thrash case sizes its prefix set from this, without a server

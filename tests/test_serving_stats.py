@@ -227,6 +227,8 @@ def _repeat_summary(repeat, scale):
         "n_not_sent": 0,
         "prefix_cache_queries": 100.0 * scale,
         "prefix_cache_hits": 40.0 * scale,
+        "request_prefill_time_seconds_sum": 0.3 * scale,
+        "request_prefill_time_seconds_count": 6.0,
         "wall_s": 10.0 * scale,
         "tok_s": 5.0 / scale,
         "req_s": 0.6 / scale,
@@ -296,6 +298,9 @@ def test_combine_repeats_counts_every_repeat_and_refuses_a_lost_one():
     dropped = combine_repeats(summaries[:2], frame[frame["repeat"] < 2])
     for name in ("n_ok", "repeats", "wall_s", "prefix_cache_queries"):
         assert cell[name] != dropped[name], name
+    # the server's clocks: summed over every repeat, so that sum / count is their mean
+    assert cell["request_prefill_time_seconds_sum"] == pytest.approx(0.3 * 6.0)
+    assert cell["request_prefill_time_seconds_count"] == 18
     assert cell["mean_ttft_hi_s"] > dropped["mean_ttft_hi_s"]  # the slow repeat is seen
     with pytest.raises(ValueError, match="repeats"):
         combine_repeats(summaries[:2], frame)  # a repeat's requests without its summary

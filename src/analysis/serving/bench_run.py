@@ -348,7 +348,14 @@ CONFIGURED = (
     "skipped_turns",
 )
 COUNTED_PREFIXES = ("n_", "prefix_cache_", "prompt_tokens", "generation_tokens", "warmup_")
-COUNTED = ("num_preemptions", "request_success", "output_tokens", "wall_s")
+COUNTED = (
+    "num_preemptions",
+    "request_success",
+    "output_tokens",
+    "wall_s",
+    # the server's own clocks: sums and counts over the measured requests of every repeat
+    *(f"{timer}_{part}" for timer in loadgen.SERVER_TIMERS for part in ("sum", "count")),
+)
 PER_REPEAT_MEDIAN = ("tok_s", "warmup_ttft_s", "mean_ttft_incl_warmup_s", "p50_ttft_s")
 
 

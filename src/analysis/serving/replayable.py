@@ -9,12 +9,14 @@ unset), so that whatever replays a cell schedules it under the same limits.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 import pandas as pd
 
+from analysis.metrics.server_clocks import SERVER_CLOCK_COLUMNS
 from analysis.platform.errors import WorkloadError
 from analysis.serving.bench_config import RunKey, ServingBenchConfig
 from analysis.serving.bench_run import sharegpt_specs, synthetic_specs
@@ -98,10 +100,13 @@ def _sent(config: ServingBenchConfig, key: RunKey) -> list[dict[str, Any]]:
 
 
 def _cell(cell: Any) -> dict[str, Any]:
+    """The cell's keys, and its server's own clocks over its measured requests (sums and
+    counts over every repeat; NaN where the cell was measured before they were recorded)."""
     return {
         "mode": cell.mode,
         "prefix_regime": str(cell.prefix_regime),
         "concurrency": int(cell.concurrency),
+        **{name: float(getattr(cell, name, math.nan)) for name in SERVER_CLOCK_COLUMNS},
     }
 
 

@@ -12,8 +12,12 @@ A server does more than its engine, and two named terms hold the rest:
 - `step_s` (s per engine step, added to the profile's `fixed` term): a CPU server runs the
   model in a worker process of its own, so every step crosses from the engine core to the
   worker and back, and its outputs on to the front end, which streams them.
-Both are fitted on the one-client cells, where nothing queues and TTFT and TPOT are the
-engine's own cost plus the server's: the calibration family. Every cell with more clients,
+Both come from the one-client cells, where nothing queues and TTFT and TPOT are the engine's
+own cost plus the server's: the calibration family. The per-step term is fitted there; the
+per-request term is measured by the server's own clocks (`analysis.metrics.server_clocks`:
+the client's TTFT less the engine core's queue and prefill), so that an error of the engine's
+profile is not moved into it (fitted, it fell to 0 on a noisy machine, and the clients'
+stagger with it). Every cell with more clients,
 caching on and off, is held out. The step-cost profile itself is measured on the real
 engine alone (`analysis.timing.calibration`), never on the server.
 
@@ -25,7 +29,7 @@ sent the per-request term after the previous reply.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +39,7 @@ import pandas as pd
 from analysis.engines.clock import StepCostProfile
 from analysis.engines.config import RunConfig
 from analysis.metrics.oracles import Checks
+from analysis.metrics.server_clocks import server_clocks
 from analysis.platform.manifest import write_json
 from analysis.runs import run
 from analysis.timing.held_out import GOALS
@@ -58,20 +63,37 @@ CALIBRATED_SETTINGS = (
 )
 
 
+# How the per-request term was found: by the server's own clocks, or fitted to the client's
+# TTFT against replay's (cells measured before the server's clocks were recorded).
+FRONTEND_MEASURED = "measured: the client's TTFT less the engine core's queue and prefill"
+FRONTEND_FITTED = "fitted: the client's TTFT less replay's"
+
+
 @dataclass(frozen=True)
 class ServerTerms:
     """What the server adds to its engine, in seconds."""
 
     frontend_s: float = 0.0
     step_s: float = 0.0
+    frontend_source: str = FRONTEND_FITTED
 
     def table(self) -> pd.DataFrame:
         return pd.DataFrame(
             [
-                ("frontend_s", self.frontend_s, "s per request (HTTP, hand-over, first chunk)"),
-                ("step_s", self.step_s, "s per engine step (outputs handed to the front end)"),
+                (
+                    "frontend_s",
+                    self.frontend_s,
+                    "s per request (HTTP, hand-over, first chunk)",
+                    self.frontend_source,
+                ),
+                (
+                    "step_s",
+                    self.step_s,
+                    "s per engine step (outputs handed to the front end)",
+                    "fitted: the client's TPOT less replay's",
+                ),
             ],
-            columns=["term", "value", "unit"],
+            columns=["term", "value", "unit", "how"],
         )
 
 
@@ -216,19 +238,64 @@ def matched(cells: pd.DataFrame, predicted: pd.DataFrame) -> pd.DataFrame:
 def fit_terms(
     cells: pd.DataFrame, settings: dict[str, Any], profile: StepCostProfile, scratch: Path
 ) -> ServerTerms:
-    """The server's two terms from the one-client cells: first its cost per step (what the
-    server's TPOT exceeds the engine's by: one step per token with one client), then, with
-    it in the clock, its cost per request (what its TTFT exceeds the engine's by).
-    Medians over requests; a term is never negative."""
+    """The server's two terms from the one-client cells. Its cost per step is fitted: what
+    the server's TPOT exceeds the engine's by (one step per token with one client). Its cost
+    per request is measured where the server's own clocks were recorded (`server_clocks`:
+    the median over the cells of the client's TTFT less the engine core's queue and prefill),
+    so that an error of the engine's profile stays in the TTFT error instead of moving into
+    this term; otherwise it is fitted, with the step term in the clock: what the client's
+    TTFT exceeds replay's by. Medians over requests; a term is never negative."""
     ones = cells[cells["concurrency"] == FITTED_CLIENTS]
     engine_only = matched(ones, replay_cells(ones, settings, profile, ServerTerms(), scratch))
     decoding = engine_only[engine_only["output_tokens"] > 1]
     step = max(0.0, float((decoding["tpot_s_measured"] - decoding["tpot_s_predicted"]).median()))
+    clocks = server_clocks(ones)
+    if not clocks.empty and clocks["timed_every_request"].all():
+        frontend = float(clocks["frontend_s"].median())
+        return ServerTerms(max(0.0, frontend), step, FRONTEND_MEASURED)
     stepped = matched(
         ones, replay_cells(ones, settings, profile, ServerTerms(step_s=step), scratch)
     )
     frontend = float((stepped["ttft_s_measured"] - stepped["ttft_s_predicted"]).median())
     return ServerTerms(frontend_s=max(0.0, frontend), step_s=step)
+
+
+def ttft_breakdown(
+    clocks: pd.DataFrame, predicted: pd.DataFrame, terms: ServerTerms
+) -> pd.DataFrame:
+    """`server_clocks` beside replay: per cell, the mean TTFT replay predicts and, for the
+    one-client cells, the engine's part of it (the prediction less the per-request term)
+    against the engine core's queue and prefill (`engine_error`), so that a TTFT miss is
+    seen to lie in the engine's clock or in the front end. With more clients the engine core
+    does not count a request's wait for the step under way (see `server_clocks`), which
+    replay does: no engine error is computed there."""
+    if clocks.empty:
+        return clocks
+    sent = predicted[~predicted["warmup"]]
+    mean = sent.groupby(CELL_KEYS, sort=False)["ttft_s"].mean().rename("predicted_ttft_s")
+    table = clocks.merge(mean.reset_index(), on=CELL_KEYS, how="left")
+    engine = table["engine_queue_s"] + table["engine_prefill_s"]
+    error = (table["predicted_ttft_s"] - terms.frontend_s) / engine - 1.0
+    table["engine_error"] = error.where(table["concurrency"] == FITTED_CLIENTS)
+    return table
+
+
+def engine_reading(breakdown: pd.DataFrame) -> str:
+    """Where the one-client cells' TTFT error lies, from `ttft_breakdown` (every number from
+    it): the engine's clock against the engine core's own, per cell."""
+    ones = breakdown.dropna(subset=["engine_error"])
+    if ones.empty:
+        return ""
+    cells = ", ".join(
+        f"{row.mode} {_workload(row.prefix_regime)} {row.engine_error:+.0%}"
+        for row in ones.itertuples(index=False)
+    )
+    return (
+        f"By the server's own clocks, its front end took {ones['frontend_s'].min() * 1e3:.1f}-"
+        f"{ones['frontend_s'].max() * 1e3:.1f} ms per request in the one-client cells, and "
+        "replay's engine (the profile with the per-step term) against the engine core's time "
+        f"from queued to the first token was: {cells}."
+    )
 
 
 STATISTICS = {
@@ -396,9 +463,10 @@ def reading(
     spread = int((held["met_by"] == "the server's own spread").sum())
     misses = held[held["met_by"] == "missed"]
     lines = [
-        f"The server's terms, fitted on {fitted_on}: {terms.frontend_s * 1e3:.1f} ms per "
-        f"request and {terms.step_s * 1e3:.1f} ms per step, on an engine profile measured with "
-        f"{torch_threads} torch thread(s), as the server runs. Of {len(held)} held-out "
+        f"The server's terms, from {fitted_on}: {terms.frontend_s * 1e3:.1f} ms per request "
+        f"({terms.frontend_source}) and {terms.step_s * 1e3:.1f} ms per step (fitted), on an "
+        f"engine profile measured with {torch_threads} torch thread(s), as the server runs. "
+        f"Of {len(held)} held-out "
         f"statistics ({held[CELL_KEYS].drop_duplicates().shape[0]} cells x "
         f"{len(STATISTICS)}), {goal} {'is' if goal == 1 else 'are'} within the goal and "
         f"{spread} more within the server's own repeat-to-repeat spread; {len(misses)} miss:",
@@ -435,6 +503,8 @@ class ServedComparison:
     repeats: pd.DataFrame  # per cell, repeat and statistic: measured and predicted
     table: pd.DataFrame  # per cell and statistic: errors against the goal (errors())
     checks: Checks
+    # per cell: TTFT by the server's clocks beside replay's (ttft_breakdown(); empty without)
+    breakdown: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def compare_with_server(
@@ -475,6 +545,7 @@ def _compared(
         per_repeat(pairs),
         table,
         checks(cells, predicted, table, fitted_clients),
+        ttft_breakdown(server_clocks(cells), predicted, terms),
     )
 
 
@@ -552,7 +623,13 @@ def write_terms(folder: Path, terms: ServerTerms, fitted_on: list[str]) -> Path:
     on the same server to be predicted with (notebook 10's conversations)."""
     path = Path(folder) / TERMS_FILE
     write_json(
-        path, {"frontend_s": terms.frontend_s, "step_s": terms.step_s, "fitted_on": fitted_on}
+        path,
+        {
+            "frontend_s": terms.frontend_s,
+            "step_s": terms.step_s,
+            "frontend_source": terms.frontend_source,
+            "fitted_on": fitted_on,
+        },
     )
     return path
 
@@ -572,7 +649,11 @@ def read_validated(folder: Path) -> tuple[StepCostProfile, ServerTerms]:
             "server runs it and fits the server's terms on its one-client cells)"
         )
     data = json.loads(path.read_text())
-    terms = ServerTerms(frontend_s=float(data["frontend_s"]), step_s=float(data["step_s"]))
+    terms = ServerTerms(
+        float(data["frontend_s"]),
+        float(data["step_s"]),
+        data.get("frontend_source", FRONTEND_FITTED),
+    )
     return load_profile(Path(folder) / "profile.json"), terms
 
 

@@ -1,0 +1,80 @@
+"""Where a served request's time to first token went, by the server's own clocks.
+
+vLLM keeps, per request, Prometheus histograms whose sums and counts are counters on its
+`/metrics`: from the front end's arrival to the first token (`time_to_first_token_seconds`),
+and in the engine core, from queued to scheduled (`request_queue_time_seconds`) and from
+scheduled to the first token (`request_prefill_time_seconds`). A benchmark cell keeps their
+deltas over its measured requests; set beside the client's TTFT they split it into HTTP,
+hand-over, queue and prefill, measured rather than fitted. The engine core takes new requests
+only between steps and starts its queue clock then, so a busy engine's wait for the step
+under way falls in the hand-over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+
+# vLLM's histogram names, without the `vllm:` prefix.
+SERVER_TIMERS = (
+    "time_to_first_token_seconds",
+    "request_queue_time_seconds",
+    "request_prefill_time_seconds",
+)
+# A cell's columns: each timer summed over its measured requests, and how many it timed.
+SERVER_CLOCK_COLUMNS = tuple(
+    f"{timer}_{part}" for timer in SERVER_TIMERS for part in ("sum", "count")
+)
+CELL_KEYS = ("mode", "prefix_regime", "concurrency")
+
+
+def server_clocks(cells: pd.DataFrame, keys: Sequence[str] = CELL_KEYS) -> pd.DataFrame:
+    """Per cell, where a measured request's time to first token went, by the server's own
+    clocks (means over the measured requests of every repeat):
+    - `outside_s`: the client's TTFT less vLLM's own (from the front end's arrival), the HTTP
+      request and the first chunk's way back;
+    - `handover_s`: vLLM's TTFT less the engine core's queue and prefill: the request's way
+      to the engine core and the first token's way back, and, where the engine is busy,
+      the wait for the step under way (the engine core takes new requests between steps,
+      and only then starts its queue clock);
+    - `engine_queue_s`, `engine_prefill_s`: queued to scheduled, scheduled to first token;
+    - `frontend_s`: the client's TTFT less the engine core's queue and prefill (outside and
+      hand-over): with one client, whose engine is idle, the server's cost per request.
+    `timed_every_request`: the server timed as many requests as the client measured
+    (otherwise the means are over different requests). Empty where the cells were measured
+    before these clocks were recorded."""
+    if not set(SERVER_CLOCK_COLUMNS) <= set(cells.columns) or (
+        cells[list(SERVER_CLOCK_COLUMNS)].isna().any().any()
+    ):
+        return pd.DataFrame()
+    rows = []
+    for cell, table in cells.groupby(list(keys), sort=False):
+        clock = table.iloc[0]
+        sent = table[~table["warmup"] & (table["status"] == "ok")]
+
+        def mean(timer: str, clock: pd.Series = clock) -> float:
+            count = clock[f"{timer}_count"]
+            return float(clock[f"{timer}_sum"] / count) if count else float("nan")
+
+        client = float(sent["ttft_s"].mean())
+        server = mean("time_to_first_token_seconds")
+        queue = mean("request_queue_time_seconds")
+        prefill = mean("request_prefill_time_seconds")
+        rows.append(
+            {
+                **dict(zip(keys, cell, strict=True)),
+                "requests_measured": len(sent),
+                "timed_every_request": all(
+                    int(clock[f"{timer}_count"]) == len(sent)
+                    for timer in ("request_queue_time_seconds", "request_prefill_time_seconds")
+                ),
+                "client_ttft_s": client,
+                "outside_s": client - server,
+                "handover_s": server - queue - prefill,
+                "engine_queue_s": queue,
+                "engine_prefill_s": prefill,
+                "frontend_s": client - queue - prefill,
+            }
+        )
+    return pd.DataFrame(rows)
