@@ -451,3 +451,24 @@ def test_a_kept_server_profile_is_measured_again_when_its_workloads_or_terms_dif
     profile = served.calibrate_like_server(SETTINGS, tmp_path, 1, say=lambda line: None)
     assert profile.coefficients == PROFILE.coefficients
     assert len(commands) == (0 if kept_as == "it is now" else 1)
+
+
+def test_the_profile_is_checked_on_its_own_decode_steps_by_batch_size(tmp_path):
+    # a CPU's decodes: one request's step as slow as four's; the linear profile charges
+    # 2.5 ms a token, so it under-charges the one and matches the four
+    rows = [
+        {"tokens": n, "sequences": n, "prefill_requests": 0, "wall_s": 0.030}
+        for n in (1, 1, 1, 4, 4)
+    ]
+    rows.append({"tokens": 300, "sequences": 1, "prefill_requests": 1, "wall_s": 0.8})
+    pd.DataFrame(rows).to_parquet(tmp_path / "steps.parquet")
+    linear = StepCostProfile(coefficients={"fixed": 0.02, "token": 0.0025}, admit_s=0, loop_s=0)
+
+    check = served.decode_check(tmp_path, linear, clients=[1, 4])
+    assert check["sequences"].tolist() == [1, 4]  # the prefill step is not a decode
+    assert check["steps"].tolist() == [3, 2]
+    assert check["error"].tolist() == pytest.approx([-0.25, 0.0])
+    reading = served.decode_reading(check)
+    assert "one request at 22.5 ms against 30.0 ms measured (-25%, 3 steps)" in reading
+    assert "the difference, +25 points at 4 requests" in reading
+    assert served.decode_reading(check[check["sequences"] == 4]) == ""

@@ -114,6 +114,30 @@ def predict_steps(profile: StepCostProfile, steps: pd.DataFrame) -> pd.Series:
     return pd.Series(values, index=steps.index)
 
 
+def decode_steps_by_batch(profile: StepCostProfile, steps: pd.DataFrame) -> pd.DataFrame:
+    """The profile against the measured steps that only decoded, by how many requests
+    decoded in them: how many such steps, the median measured and modelled step time and the
+    modelled one's error. A linear profile charges each decode alike; a CPU's small matrix
+    products need not cost so (a decode of one request can take longer than one of four),
+    and a served clock whose per-step term is fitted on one client carries that into every
+    batch size."""
+    usable = fittable_steps(steps)
+    decodes = usable[usable["prefill_requests"] == 0].assign(
+        predicted_s=predict_steps(profile, usable)
+    )
+    table = (
+        decodes.groupby("sequences")
+        .agg(
+            steps=("wall_s", "size"),
+            measured_median_s=("wall_s", "median"),
+            modelled_median_s=("predicted_s", "median"),
+        )
+        .reset_index()
+    )
+    table["error"] = table["modelled_median_s"] / table["measured_median_s"] - 1.0
+    return table
+
+
 def residual_summary(profile: StepCostProfile, steps: pd.DataFrame) -> dict[str, float]:
     """What the fit leaves: relative errors per step (median of absolute values, 90th
     percentile) and of the summed time (the error a whole run would carry)."""

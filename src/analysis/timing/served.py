@@ -29,6 +29,7 @@ sent the per-request term after the previous reply.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -295,6 +296,43 @@ def engine_reading(breakdown: pd.DataFrame) -> str:
         f"{ones['frontend_s'].max() * 1e3:.1f} ms per request in the one-client cells, and "
         "replay's engine (the profile with the per-step term) against the engine core's time "
         f"from queued to the first token was: {cells}."
+    )
+
+
+def decode_check(folder: Path, profile: StepCostProfile, clients: Sequence[int]) -> pd.DataFrame:
+    """The profile against its own calibration's decode-only steps (kept in `folder`) at
+    the batch sizes the cells decode at: one per client (`fit.decode_steps_by_batch`)."""
+    from analysis.timing.fit import decode_steps_by_batch
+
+    table = decode_steps_by_batch(profile, pd.read_parquet(Path(folder) / "steps.parquet"))
+    return table[table["sequences"].isin(list(clients))].reset_index(drop=True)
+
+
+def decode_reading(check: pd.DataFrame) -> str:
+    """What `decode_check` says about the held-out TPOT (every number from it): a per-step term
+    fitted on one client's decodes carries the profile's error there into every batch size."""
+    if check.empty or FITTED_CLIENTS not in set(check["sequences"]):
+        return ""
+    rows = check.set_index("sequences")
+    one = rows.loc[FITTED_CLIENTS]
+    others = rows.drop(FITTED_CLIENTS)
+    parts = [
+        f"of {batch} requests at {row.modelled_median_s * 1e3:.1f} ms against "
+        f"{row.measured_median_s * 1e3:.1f} ms ({row.error:+.0%}, {int(row.steps)} steps)"
+        for batch, row in others.iterrows()
+    ]
+    gaps = ", ".join(
+        f"{(row.error - one.error) * 100:+.0f} points at {batch} requests"
+        for batch, row in others.iterrows()
+    )
+    return (
+        "On its own calibration steps, the profile models a decode of one request at "
+        f"{one.modelled_median_s * 1e3:.1f} ms against {one.measured_median_s * 1e3:.1f} ms "
+        f"measured ({one.error:+.0%}, {int(one.steps)} steps)"
+        + (f", and {'; '.join(parts)}" if parts else "")
+        + ". The per-step term, fitted on one client's decodes, makes up the first error and "
+        "adds the same to every batch size"
+        + (f": what the held-out TPOT can inherit is the difference, {gaps}." if gaps else ".")
     )
 
 
