@@ -117,8 +117,8 @@ def predict_steps(profile: StepCostProfile, steps: pd.DataFrame) -> pd.Series:
 def decode_steps_by_batch(profile: StepCostProfile, steps: pd.DataFrame) -> pd.DataFrame:
     """The profile against the measured steps that only decoded, by how many requests
     decoded in them: how many such steps, the median measured and modelled step time and the
-    modelled one's error. A linear profile charges each decode alike; a CPU's small matrix
-    products need not cost so (a decode of one request can take longer than one of four),
+    modelled one's error. A linear profile charges each decode alike; measured steps need
+    not cost so (on a 2-core CPU a decode of one request took about as long as one of four),
     and a served clock whose per-step term is fitted on one client carries that into every
     batch size."""
     usable = fittable_steps(steps)
