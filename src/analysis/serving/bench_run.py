@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.metrics.server_clocks import SERVER_CLOCK_COLUMNS
 from analysis.serving import loadgen
 from analysis.serving.bench_config import RunKey, ServingBenchConfig
 from analysis.serving.server import VllmServer
@@ -354,7 +355,7 @@ COUNTED = (
     "output_tokens",
     "wall_s",
     # the server's own clocks: sums and counts over the measured requests of every repeat
-    *(f"{timer}_{part}" for timer in loadgen.SERVER_TIMERS for part in ("sum", "count")),
+    *SERVER_CLOCK_COLUMNS,
 )
 PER_REPEAT_MEDIAN = ("tok_s", "warmup_ttft_s", "mean_ttft_incl_warmup_s", "p50_ttft_s")
 

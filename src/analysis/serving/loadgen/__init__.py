@@ -23,7 +23,6 @@ from analysis.platform.errors import WorkloadError
 from analysis.serving.loadgen.client import parse_sse_line, run_burst, run_closed_loop
 from analysis.serving.loadgen.prometheus import (
     SERVER_GAUGES,
-    SERVER_TIMERS,
     counter_deltas,
     counter_summary,
     parse_prometheus,
@@ -49,7 +48,6 @@ __all__ = [
     "RequestResult",
     "RequestSpec",
     "SERVER_GAUGES",
-    "SERVER_TIMERS",
     "ShareGPTWorkload",
     "WorkloadError",
     "cacheable_tokens",
