@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from analysis.cli import CommandError
+from analysis.platform.errors import WorkloadError
 from analysis.serving import loadgen
 from analysis.serving.loadgen import RequestResult, RequestSpec
 
@@ -501,3 +502,59 @@ def test_closed_loop_sends_a_turn_only_after_the_previous_one_finished():
     assert by_id["c/0"].start_s >= min(by_id["a/2"].start_s, by_id["b/2"].start_s)
     # the run's wall time covers every request and no more than the call took
     assert max(r.start_s + r.e2e_s for r in results) <= timing.wall_s <= elapsed
+
+
+def test_open_loop_starts_each_conversation_on_its_schedule_whatever_the_server_does():
+    conversations = [
+        [RequestSpec(f"{c}/{t}", (loadgen.BOS_ID, t), 2, c, t) for t in range(2)] for c in "abc"
+    ]
+    # each turn takes 0.15 s: a closed loop of one client would start "b" only at 0.3 s
+    starts = [0.0, 0.05, 0.4]
+    results, _ = asyncio.run(
+        _serve(
+            FakeCompletions(delay_s=0.15).handle,
+            lambda url: loadgen.run_open_loop(url, "m", conversations, starts, 3, progress=False),
+        )
+    )
+    assert [r.request_id for r in results] == [s.request_id for c in conversations for s in c]
+    assert all(r.status == "ok" for r in results)
+    by_id = {r.request_id: r for r in results}
+    for conversation, start in zip("abc", starts, strict=True):
+        assert start <= by_id[f"{conversation}/0"].start_s < start + 0.1
+        first = by_id[f"{conversation}/0"]
+        assert by_id[f"{conversation}/1"].start_s >= first.start_s + first.e2e_s
+    # a cap of one conversation in flight holds "b" back until "a" has finished
+    results, _ = asyncio.run(
+        _serve(
+            FakeCompletions(delay_s=0.15).handle,
+            lambda url: loadgen.run_open_loop(url, "m", conversations, starts, 1, progress=False),
+        )
+    )
+    by_id = {r.request_id: r for r in results}
+    assert by_id["b/0"].start_s >= by_id["a/1"].start_s + by_id["a/1"].e2e_s
+    with pytest.raises(WorkloadError, match="2 start times for 3 conversations"):
+        asyncio.run(loadgen.run_open_loop("http://x", "m", conversations, starts[:2], 1))
+
+
+def test_an_arrival_rate_is_a_positive_rate_of_sharegpt_conversations():
+    from analysis.serving import ServingBenchConfig
+    from analysis.serving.bench_config import RunKey, run_id
+
+    for rate in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="arrival_rate must be a positive number"):
+            ServingBenchConfig(workload="sharegpt", arrival_rate=rate)
+    with pytest.raises(ValueError, match="needs workload='sharegpt'"):
+        ServingBenchConfig(arrival_rate=1.0)
+    open_loop = ServingBenchConfig(workload="sharegpt", arrival_rate=0.5)
+    assert open_loop.regimes() == ("poisson0.5",)
+    key = RunKey("cache", "poisson0.5", 8)
+    assert run_id(open_loop, "m", key).startswith("sharegpt-cache-poisson0.5-c8-")
+    # closed loops keep the ids they had before open loops existed (cached runs are found)
+    closed = ServingBenchConfig(workload="sharegpt")
+    assert (
+        run_id(closed, "m", RunKey("cache", "sharegpt", 8))
+        == "sharegpt-cache-sharegpt-c8-92da67e980"
+    )
+    assert run_id(ServingBenchConfig(), "m", RunKey("cache", "512", 8)) == (
+        "synthetic-cache-p512-c8-ea414c709f"
+    )

@@ -230,6 +230,11 @@ def test_a_per_request_term_fitted_to_zero_is_said_to_leave_the_clients_in_locks
     assert served.LOCKSTEP_WARNING not in kept
     one_client = served.reading(table[table["concurrency"] == 1], served.ServerTerms(), 1)
     assert served.LOCKSTEP_WARNING not in one_client
+    # an open loop's miss names its rate, not clients (its cap is not a number of clients)
+    open_loop = table.assign(prefix_regime="poisson0.4", concurrency=6)
+    text = served.reading(open_loop, served.ServerTerms(frontend_s=0.0025), 1)
+    assert "ShareGPT conversations arriving at 0.4 per second, mean_tpot" in text
+    assert "clients" not in text
 
 
 @pytest.mark.engine
@@ -369,6 +374,26 @@ def test_a_conversation_cells_two_clients_start_one_front_end_turn_apart(tmp_pat
     replayed = served.replay_cells(one, SETTINGS, PROFILE, terms, tmp_path)
     first, second = replayed.sort_values("start_s")["start_s"].iloc[:2]
     assert (first, second) == (0.0, pytest.approx(0.004))
+
+
+@pytest.mark.engine
+def test_an_open_loop_cell_replays_on_the_clients_poisson_schedule(tmp_path):
+    from analysis.engines.timed_arrivals import poisson_starts
+    from analysis.platform.errors import WorkloadError
+
+    cells = conversation_cells()
+    one = cells[(cells["mode"] == "cache") & (cells["repeat"] == 0)]
+    # the client started 4 conversations at 3 per second (seed 7), each capped in flight at 4
+    open_loop = one.assign(concurrency=4, arrival_rate=3.0, arrival_seed=7)
+    terms = served.ServerTerms(frontend_s=0.004)
+    replayed = served.replay_cells(open_loop, SETTINGS, PROFILE, terms, tmp_path)
+    first_turns = replayed[replayed["request_id"].str.endswith("/0")]
+    expected = poisson_starts(4, 3.0, 7)
+    assert first_turns["start_s"].tolist() == pytest.approx(expected.tolist())
+    assert expected[-1] > 0.3  # spread out: a closed loop would start them all within 12 ms
+    # a cap below the conversations could have held one back, which replay cannot do
+    with pytest.raises(WorkloadError, match="capped at 2 conversations in flight, of 4"):
+        served.replay_cells(open_loop.assign(concurrency=2), SETTINGS, PROFILE, terms, tmp_path)
 
 
 @pytest.mark.engine

@@ -24,6 +24,7 @@ import psutil
 import pytest
 
 from analysis import serving
+from analysis.engines.timed_arrivals import poisson_starts
 from analysis.metrics.server_clocks import SERVER_CLOCK_COLUMNS, server_clocks
 from analysis.platform.errors import ConfigError
 from analysis.serving import (
@@ -540,6 +541,18 @@ def test_real_server_measures_ttft_counts_hits_and_caches_results(
         assert 0 < summary["predicted_hit_rate"] <= 1  # two-sided: a prediction forced to 0 fails
         assert summary["prefix_cache_hits"] > 0
         assert frame.groupby("group")["turn_index"].apply(list).tolist() == [[0, 1, 2]] * 3
+
+        # the same conversations open loop: each starts on replay's own Poisson schedule
+        open_loop = serving.ServingBenchConfig(**{**sharegpt.__dict__, "arrival_rate": 4.0})
+        frame, summary = serving.execute_run(
+            server, open_loop, RunKey("cache", "poisson4", 3), workload, progress=False
+        )
+        assert summary["n_ok"] == workload.num_requests and summary["arrival_rate"] == 4.0
+        first_turns = frame[frame["turn_index"] == 0]["start_s"].to_numpy()
+        schedule = poisson_starts(3, 4.0, open_loop.seed)
+        assert (first_turns >= schedule - 1e-3).all() and (first_turns < schedule + 0.5).all()
+        assert frame.groupby("group")["turn_index"].apply(list).tolist() == [[0, 1, 2]] * 3
+        assert summary["prefix_cache_hits"] > 0
 
         # client timeouts are counted, not fatal, and the server keeps serving
         hurried = serving.ServingBenchConfig(**{**config.__dict__, "request_timeout_s": 0.001})

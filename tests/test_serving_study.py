@@ -70,3 +70,24 @@ def test_the_write_up_quotes_a_measured_thrash_case_once():
     facts.ttft[("no_cache", 1024, 1)] = w.Interval(0.80, 0.79, 0.81)
     assert "a little faster than caching off" in w.decision_markdown(facts)
     assert "thrash" not in w.decision_markdown(w.Facts(study.params("cpu"))).split("Caveats")[0]
+
+
+def test_the_open_loop_runs_at_a_share_of_the_closed_loops_caching_off_rate():
+    import pandas as pd
+
+    from analysis.serving.calibrate import Calibration
+
+    chosen = study.Plan(Calibration(1000.0, 0.05, 0.03, 32), 6, 40.0, 60.0, "conversations")
+    closed_loop = pd.DataFrame(
+        [
+            {"mode": "cache", "req_s": 5.0, "requests_per_repeat": 24},
+            {"mode": "no_cache", "req_s": 2.0, "requests_per_repeat": 24},
+        ]
+    )
+    # caching off finished 2 requests/s of conversations of 4 turns: 0.5 conversations/s
+    rate = study.open_loop_rate(closed_loop, chosen)
+    assert rate == pytest.approx(study.OPEN_LOOP_LOAD * 0.5)
+    config = study.sharegpt_open_loop_config(study.params("cpu"), chosen, rate)
+    assert config.arrival_rate == rate and config.workload == "sharegpt"
+    assert config.concurrency == (6,) and config.requests == 6  # a cap that never binds
+    assert config.regimes() == (f"poisson{rate:g}",)

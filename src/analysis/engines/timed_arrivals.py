@@ -35,6 +35,24 @@ from analysis.engines.config import RunConfig
 from analysis.engines.workload import Workload
 from analysis.platform.errors import ConfigError
 
+POISSON = "poisson"
+
+
+def poisson_label(rate: float) -> str:
+    """How an open loop of `rate` arrivals per second is named in run ids and in a serving
+    cell's regime ("poisson0.5")."""
+    return f"{POISSON}{rate:g}"
+
+
+def poisson_starts(count: int, rate: float | None, seed: int = 0) -> np.ndarray:
+    """When `count` conversations start in an open loop of `rate` per second: a seeded Poisson
+    process, the first at 0. One schedule for replay and for the load generator that sends it
+    to a real server, so that the two start the same conversations at the same times."""
+    if not rate or not np.isfinite(rate) or rate <= 0:
+        raise ValueError(f"poisson arrivals need a positive arrival_rate, got {rate}")
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate, count)
+    return np.cumsum(gaps) - gaps[0] if count else gaps
+
 
 class TimedArrivals:
     """Requests with arrival times; `due(now)` hands over those that have arrived."""
@@ -69,10 +87,8 @@ class TimedArrivals:
             for client in range(concurrency):
                 self._start_next(client * float(start_stagger_s))
         elif mode == "poisson":
-            if not arrival_rate or arrival_rate <= 0:
-                raise ValueError("poisson arrivals need a positive arrival_rate")
-            gaps = np.random.default_rng(seed).exponential(1.0 / arrival_rate, len(conversations))
-            for start, turns in zip(np.cumsum(gaps) - gaps[0], conversations, strict=True):
+            starts = poisson_starts(len(conversations), arrival_rate, seed)
+            for start, turns in zip(starts, conversations, strict=True):
                 self._push(float(start), turns[0], turns[1:])
         elif mode == "timestamps":
             self._logged = self._logged_times(conversations)

@@ -12,6 +12,7 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from analysis.engines.timed_arrivals import poisson_label
 from analysis.models import shapes as model_shapes
 from analysis.platform.manifest import read_json
 from analysis.serving.model_names import model_identity
@@ -55,6 +56,10 @@ class ServingBenchConfig:
     churn_every: int = 0  # synthetic: a new prefix version every N measured requests (0: never)
     gauge_interval_s: float = 0.5  # KV-cache use sampled from /metrics this often (0: never)
     salt: str = ""  # synthetic: other prompts, same server (a run that must not reuse another's)
+    # sharegpt: conversations started per second, open loop (Poisson, seeded by `seed`), each
+    # turn after the previous reply; `concurrency` then caps the conversations in flight.
+    # None: a closed loop of `concurrency` clients.
+    arrival_rate: float | None = None
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
@@ -68,6 +73,14 @@ class ServingBenchConfig:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
                 raise ValueError(f"{name} must be a positive number of seconds, got {value}")
+        if self.arrival_rate is not None:
+            if self.workload != "sharegpt":
+                raise ValueError("arrival_rate (open-loop arrivals) needs workload='sharegpt'")
+            if not (math.isfinite(self.arrival_rate) and self.arrival_rate > 0):
+                raise ValueError(
+                    f"arrival_rate must be a positive number of conversations per second, "
+                    f"got {self.arrival_rate}"
+                )
         if not 0.0 <= self.eligible_share <= 1.0:
             raise ValueError(f"eligible_share must lie in [0, 1], got {self.eligible_share}")
         longest = max(self.prefixes, default=0) + self.suffix_tokens + self.output_tokens
@@ -96,14 +109,14 @@ class ServingBenchConfig:
 
     def regimes(self) -> tuple[str, ...]:
         if self.workload == "sharegpt":
-            return ("sharegpt",)
+            return (poisson_label(self.arrival_rate) if self.arrival_rate else "sharegpt",)
         return tuple(str(p) for p in self.prefixes)
 
 
 @dataclass(frozen=True)
 class RunKey:
     mode: str
-    regime: str  # prefix length, or "sharegpt"
+    regime: str  # prefix length, "sharegpt" (closed loop) or "poisson<rate>" (open loop)
     concurrency: int
 
 
@@ -154,9 +167,11 @@ def _run_id(
     ignored = ("model", "prefixes", "concurrency", "modes", "startup_timeout_s", "gauge_interval_s")
     for name in ignored + (() if with_limits else RUN_LIMITS):
         shaping.pop(name)
+    if shaping["arrival_rate"] is None:  # closed loop: the ids runs had before open loops
+        shaping.pop("arrival_rate")
     shaping.update(model_identity(model), mode=key.mode, regime=key.regime, c=key.concurrency)
     shaping["summary_schema"] = SUMMARY_SCHEMA
     if workload_hash:
         shaping["workload_hash"] = workload_hash
-    regime = "sharegpt" if key.regime == "sharegpt" else f"p{key.regime}"
+    regime = f"p{key.regime}" if key.regime.isdigit() else key.regime
     return f"{config.workload}-{key.mode}-{regime}-c{key.concurrency}-{_digest(shaping)}"

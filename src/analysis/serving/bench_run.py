@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.engines.timed_arrivals import poisson_starts
 from analysis.metrics.server_clocks import SERVER_CLOCK_COLUMNS
 from analysis.serving import loadgen
 from analysis.serving.bench_config import RunKey, ServingBenchConfig
@@ -212,6 +213,23 @@ def sharegpt_specs(config: ServingBenchConfig) -> loadgen.ShareGPTWorkload:
     )
 
 
+def conversations_run(
+    server: VllmServer,
+    config: ServingBenchConfig,
+    key: RunKey,
+    workload: loadgen.ShareGPTWorkload,
+    common: dict[str, Any],
+) -> Any:
+    """The client of a ShareGPT run: `key.concurrency` clients in a closed loop, or with an
+    arrival rate, conversations started open loop on replay's own Poisson schedule."""
+    args = (server.base_url, server.model_name, workload.conversations)
+    desc = f"{key.mode} {key.regime} c={key.concurrency}"
+    if config.arrival_rate is None:
+        return loadgen.run_closed_loop(*args, key.concurrency, **common, desc=desc)
+    starts = poisson_starts(len(workload.conversations), config.arrival_rate, config.seed)
+    return loadgen.run_open_loop(*args, starts.tolist(), key.concurrency, **common, desc=desc)
+
+
 def workload_digest(workload: Any) -> str:
     """A stable hash of a ShareGPT workload's prompts, so that a rebuilt trace gets new runs."""
     if isinstance(workload, loadgen.ShareGPTWorkload):
@@ -298,16 +316,7 @@ def execute_run(
         groups = [workload]
     else:
         middle = start
-        results, timing = run_coroutine(
-            loadgen.run_closed_loop(
-                server.base_url,
-                server.model_name,
-                workload.conversations,
-                key.concurrency,
-                **common,
-                desc=desc,
-            )
-        )
+        results, timing = run_coroutine(conversations_run(server, config, key, workload, common))
         groups = workload.conversations
     finished = sum(r.status == "ok" for r in results if not r.warmup)
     end = server.counters_after(middle, finished)
@@ -321,6 +330,8 @@ def execute_run(
         "mode": key.mode,
         "prefix_regime": key.regime,
         "concurrency": key.concurrency,
+        # an open loop's rate (a closed loop's summary has none, as before open loops)
+        **({"arrival_rate": config.arrival_rate} if config.arrival_rate is not None else {}),
         **loadgen.summarize_requests(frame, timing.wall_s),
         **loadgen.counter_summary(loadgen.counter_deltas(middle, end)),
         **loadgen.counter_summary(loadgen.counter_deltas(start, middle), "warmup_"),
@@ -344,6 +355,7 @@ CONFIGURED = (
     "mode",
     "prefix_regime",
     "concurrency",
+    "arrival_rate",
     "predicted_saving",
     "predicted_hit_rate",
     "skipped_turns",
@@ -412,6 +424,8 @@ def combine_repeats(summaries: Sequence[dict[str, Any]], frame: pd.DataFrame) ->
             turn_columns="turn_index" in frame and cell.get("workload") == "sharegpt",
         )
     )
+    if cell.get("arrival_rate") is not None:
+        cell["burst"] = False  # an open loop sends on its schedule, not in rounds of clients
     by_repeat = sorted(summaries, key=lambda s: int(s["repeat"]))
     for name in (n for n in PER_REPEAT_MEDIAN if n in summaries[0]):
         values = [float(s[name]) for s in by_repeat]

@@ -63,7 +63,8 @@ def cell_requests(config: ServingBenchConfig, table: pd.DataFrame) -> pd.DataFra
     """Every request of every repeat of the cells in `table` (the summary table of
     `run_serving_bench`): its prompt ids and reply length as sent, and what the client measured
     (`start_s`, `ttft_s`, `e2e_s`, `tpot_s`, `status`, `warmup`). ShareGPT cells also name
-    each request's `conversation` (its turns go in order, each after the previous reply)."""
+    each request's `conversation` (its turns go in order, each after the previous reply), and
+    every cell how its conversations arrived (`arrival_rate`, `arrival_seed`)."""
     frames = []
     for cell in table.itertuples(index=False):
         sent = pd.DataFrame(
@@ -76,8 +77,15 @@ def cell_requests(config: ServingBenchConfig, table: pd.DataFrame) -> pd.DataFra
                 f"run {cell.run_id} holds requests its configuration does not send: "
                 "measure it again (force=True)"
             )
-        frames.append(rows.assign(**_cell(cell)))
+        frames.append(rows.assign(**_cell(cell), **_arrivals(config)))
     return pd.concat(frames, ignore_index=True)
+
+
+def _arrivals(config: ServingBenchConfig) -> dict[str, float]:
+    """How the cell's conversations arrived: an open loop's rate per second and the seed of
+    its Poisson schedule (NaN rate: a closed loop of clients)."""
+    rate = math.nan if config.arrival_rate is None else float(config.arrival_rate)
+    return {"arrival_rate": rate, "arrival_seed": config.seed}
 
 
 def _sent(config: ServingBenchConfig, key: RunKey) -> list[dict[str, Any]]:

@@ -333,6 +333,46 @@ def sharegpt_section(
     return serving.run_serving_bench(config, servers=pair, force=force, progress=False), chosen
 
 
+# An open loop's rate, as a share of the conversations per second the caching-off server
+# finished in the closed loop: busy enough that arrivals queue with caching off, not so busy
+# that the queue only grows.
+OPEN_LOOP_LOAD = 0.8
+
+
+def open_loop_rate(closed_loop: Any, chosen: Plan) -> float:
+    """Conversations per second for notebook 10's open loop: `OPEN_LOOP_LOAD` of what the
+    caching-off server finished in the closed loop (`closed_loop`, its table), to two
+    significant digits (the rate names the cells)."""
+    off = closed_loop[closed_loop["mode"] == "no_cache"].iloc[0]
+    turns = off["requests_per_repeat"] / chosen.requests  # requests per conversation
+    return float(f"{OPEN_LOOP_LOAD * off['req_s'] / turns:.2g}")
+
+
+def sharegpt_open_loop_section(
+    pair: serving.ServerPair,
+    study: StudyParams,
+    chosen: Plan,
+    closed_loop: Any,
+    *,
+    force: bool = False,
+) -> tuple[Any, float]:
+    """Notebook 10: the closed loop's conversations again, started open loop at a rate (a
+    Poisson process), on and off; returns the table and the rate."""
+    rate = open_loop_rate(closed_loop, chosen)
+    config = sharegpt_open_loop_config(study, chosen, rate)
+    return serving.run_serving_bench(config, servers=pair, force=force, progress=False), rate
+
+
+def sharegpt_open_loop_config(
+    study: StudyParams, chosen: Plan, rate: float
+) -> serving.ServingBenchConfig:
+    """Notebook 10's open loop: `rate` conversations per second, capped at every conversation
+    in flight (so the cap never holds one back, as in replay, which has none)."""
+    return dataclasses.replace(
+        sharegpt_config(study, chosen), arrival_rate=rate, concurrency=(chosen.requests,)
+    )
+
+
 def sharegpt_config(study: StudyParams, chosen: Plan) -> serving.ServingBenchConfig:
     """The benchmark configuration of notebook 10's conversations, with the conversations
     `plan` chose."""

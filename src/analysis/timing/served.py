@@ -29,6 +29,7 @@ sent the per-request term after the previous reply.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -39,8 +40,10 @@ import pandas as pd
 
 from analysis.engines.clock import StepCostProfile
 from analysis.engines.config import RunConfig
+from analysis.engines.timed_arrivals import POISSON
 from analysis.metrics.oracles import Checks
 from analysis.metrics.server_clocks import server_clocks
+from analysis.platform.errors import WorkloadError
 from analysis.platform.manifest import write_json
 from analysis.runs import run
 from analysis.timing.held_out import GOALS
@@ -164,10 +167,8 @@ def replay_cell(
         engine="replay",
         device="cpu",
         outputs="recorded",
-        mode="closed-loop" if conversations else "timestamps",
-        concurrency=clients,
+        **_arrivals(first, conversations, terms),
         think_time_s=terms.frontend_s,
-        start_stagger_s=terms.frontend_s if conversations else 0.0,  # synthetic: in the trace
         prefix_caching=cell["mode"] == "cache",
         clock=str(profile_path),
         **{"num_blocks": NUM_BLOCKS, **settings},
@@ -199,6 +200,32 @@ def replay_cell(
             "cached_tokens": replayed["cached_tokens"].clip(lower=0),
         }
     )
+
+
+def _arrivals(first: pd.DataFrame, conversations: bool, terms: ServerTerms) -> dict[str, Any]:
+    """How replay's requests arrive, as the cell's did: synthetic clients by the trace's
+    times; ShareGPT conversations from a closed loop of clients (each started the per-request
+    term after the one before), or open loop on the client's own Poisson schedule (the same
+    rate and seed give the same start times)."""
+    cell = first.iloc[0]
+    clients = int(cell["concurrency"])
+    if not conversations:
+        return {"mode": "timestamps", "concurrency": clients}  # the stagger is in the trace
+    rate = float(cell["arrival_rate"]) if "arrival_rate" in first.columns else math.nan
+    if not math.isfinite(rate):
+        return {"mode": "closed-loop", "concurrency": clients, "start_stagger_s": terms.frontend_s}
+    if clients < first["conversation"].nunique():
+        raise WorkloadError(
+            f"an open-loop cell capped at {clients} conversations in flight, of "
+            f"{first['conversation'].nunique()}: replay has no cap, measure it with a cap of "
+            "every conversation"
+        )
+    return {
+        "mode": "poisson",
+        "concurrency": clients,
+        "arrival_rate": rate,
+        "seed": int(cell["arrival_seed"]),
+    }
 
 
 def _is_measured(requests: pd.DataFrame) -> pd.Series:
@@ -512,7 +539,7 @@ def reading(
     ]
     for row in misses.itertuples(index=False):
         lines.append(
-            f"- {row.mode}, {_workload(row.prefix_regime)}, {row.concurrency} clients, "
+            f"- {row.mode}, {_cell_words(row.prefix_regime, row.concurrency)}, "
             f"{row.statistic}: predicted {row.predicted:.4g} against "
             f"{row.measured_median_of_repeats:.4g} measured ({row.error:+.0%}; goal "
             f"{row.goal:.0%}, spread {row.server_repeat_spread:.0%})"
@@ -620,7 +647,20 @@ def predict_cells(
 
 
 def _workload(regime: str) -> str:
-    return f"prefix {regime}" if str(regime).isdigit() else f"{regime} conversations"
+    regime = str(regime)
+    if regime.isdigit():
+        return f"prefix {regime}"
+    if regime.startswith(POISSON):
+        return f"ShareGPT conversations arriving at {regime.removeprefix(POISSON)} per second"
+    return f"{regime} conversations"
+
+
+def _cell_words(regime: str, concurrency: int) -> str:
+    """A cell in words: its workload and its clients (an open loop has no clients, only a cap
+    on conversations in flight that replay checked never held one back)."""
+    if str(regime).startswith(POISSON):
+        return _workload(regime)
+    return f"{_workload(regime)}, {concurrency} clients"
 
 
 def calibration_folder(settings: dict[str, Any], torch_threads: int) -> Path:

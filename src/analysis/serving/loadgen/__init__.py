@@ -20,7 +20,12 @@ Timeouts and errors are counted and reported, never fatal.
 from __future__ import annotations
 
 from analysis.platform.errors import WorkloadError
-from analysis.serving.loadgen.client import parse_sse_line, run_burst, run_closed_loop
+from analysis.serving.loadgen.client import (
+    parse_sse_line,
+    run_burst,
+    run_closed_loop,
+    run_open_loop,
+)
 from analysis.serving.loadgen.prometheus import (
     SERVER_GAUGES,
     counter_deltas,
@@ -62,6 +67,7 @@ __all__ = [
     "results_frame",
     "run_burst",
     "run_closed_loop",
+    "run_open_loop",
     "sharegpt_workload",
     "summarize_requests",
     "new_prefixes",

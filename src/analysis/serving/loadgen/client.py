@@ -246,33 +246,117 @@ async def run_closed_loop(
     another, the next only when the previous answer has finished (or failed)."""
     if concurrency < 1:
         raise WorkloadError(f"concurrency must be >= 1, got {concurrency}")
-    t0 = time.perf_counter()
     queue = deque(conversations)
+
+    async def client(turns: _Turns) -> None:
+        while queue:
+            await turns.send(queue.popleft())
+
+    return await _send_conversations(
+        (base_url, model, conversations, concurrency),
+        (timeout_s, deadline_s),
+        progress,
+        desc,
+        lambda turns: [client(turns) for _ in range(concurrency)],
+    )
+
+
+async def run_open_loop(
+    base_url: str,
+    model: str,
+    conversations: Sequence[Sequence[RequestSpec]],
+    starts_s: Sequence[float],
+    concurrency: int,
+    *,
+    timeout_s: float = 120.0,
+    deadline_s: float = 600.0,
+    progress: bool = True,
+    desc: str = "turns",
+) -> tuple[list[RequestResult], PhaseTiming]:
+    """Conversation i starts at `starts_s[i]` seconds, whatever the server is doing (an open
+    loop: a slow server builds a queue instead of slowing the arrivals), and sends its turns
+    one after another, each when the previous answer has finished. At most `concurrency`
+    conversations are in flight; one that arrives with all of them busy waits for a slot (as
+    `vllm bench serve --max-concurrency` does)."""
+    if concurrency < 1:
+        raise WorkloadError(f"concurrency must be >= 1, got {concurrency}")
+    if len(starts_s) != len(conversations):
+        raise WorkloadError(f"{len(starts_s)} start times for {len(conversations)} conversations")
+    slots = asyncio.Semaphore(concurrency)
+
+    async def arrive(turns: _Turns, conversation: Sequence[RequestSpec], start_s: float) -> None:
+        await asyncio.sleep(max(0.0, start_s - (time.perf_counter() - turns.t0)))
+        async with slots:
+            await turns.send(conversation)
+
+    return await _send_conversations(
+        (base_url, model, conversations, concurrency),
+        (timeout_s, deadline_s),
+        progress,
+        desc,
+        lambda turns: [arrive(turns, c, s) for c, s in zip(conversations, starts_s, strict=True)],
+    )
+
+
+async def _send_conversations(
+    run: tuple[str, str, Sequence[Sequence[RequestSpec]], int],
+    limits: tuple[float, float],
+    progress: bool,
+    desc: str,
+    senders: Any,
+) -> tuple[list[RequestResult], PhaseTiming]:
+    """One session and one progress bar for the coroutines `senders(turns)` makes, each
+    sending whole conversations through `turns`; the results in the order of `conversations`.
+    `run`: the server's URL, the model, the conversations and the connections to open."""
+    base_url, model, conversations, connections = run
+    t0 = time.perf_counter()
     results: list[RequestResult] = []
     bar = _progress(sum(len(c) for c in conversations), desc, progress)
-    session = await _session(concurrency)
-    watch = FrozenServerWatch(session, base_url)
-
-    async def client() -> None:
-        while queue:
-            conversation = queue.popleft()
-            for spec in conversation:
-                reason = watch.reason_not_to_send(t0, deadline_s)
-                if reason is not None:
-                    results.append(_not_sent(spec, reason))
-                else:
-                    result = await stream_completion(
-                        session, base_url, model, spec, timeout_s=timeout_s, t0=t0
-                    )
-                    results.append(result)
-                    await watch.after(result)
-                bar.update(1)
-
+    session = await _session(connections)
+    turns = _Turns(session, base_url, model, t0, limits, results, bar)
     try:
-        await asyncio.gather(*(client() for _ in range(concurrency)))
+        await asyncio.gather(*senders(turns))
     finally:
         await session.close()
         bar.close()
     order = {s.request_id: i for i, s in enumerate(s for c in conversations for s in c)}
     results.sort(key=lambda r: order[r.request_id])
     return results, PhaseTiming(0.0, time.perf_counter() - t0)
+
+
+class _Turns:
+    """Sends a conversation's turns in order, each after the previous answer (or failure),
+    into one list of results; a frozen server stops what is not yet sent."""
+
+    def __init__(
+        self,
+        session: Any,
+        base_url: str,
+        model: str,
+        t0: float,
+        limits: tuple[float, float],
+        results: list[RequestResult],
+        bar: Any,
+    ) -> None:
+        self.session, self.base_url, self.model, self.t0 = session, base_url, model, t0
+        self.timeout_s, self.deadline_s = limits
+        self.results, self.bar = results, bar
+        self.watch = FrozenServerWatch(session, base_url)
+
+    async def send(self, conversation: Sequence[RequestSpec]) -> None:
+        for spec in conversation:
+            reason = self.watch.reason_not_to_send(self.t0, self.deadline_s)
+            if reason is not None:
+                self.results.append(_not_sent(spec, reason))
+            else:
+                result = await stream_completion(
+                    self.session,
+                    self.base_url,
+                    self.model,
+                    spec,
+                    timeout_s=self.timeout_s,
+                    t0=self.t0,
+                )
+                self.results.append(result)
+                await self.watch.after(result)
+            self.bar.update(1)
