@@ -567,7 +567,7 @@ def report_times(root: Path) -> str:
     ]
     first = rows[0]
     return (
-        f"A fresh `make report` (a clone with no `.venv` and an empty uv cache), recorded "
+        f"A fresh `make report` (a clone with no `.venv`), recorded "
         f"{first['recorded'][:10]} on {first['machine']} with {first['cores']} cores, took "
         f"{format_seconds(total)}: {', '.join(parts)}. Its slowest notebooks: {named} "
         f"(`{REPORT_TIMES}`, the table `make report` prints at its end).\n"
