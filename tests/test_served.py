@@ -53,9 +53,9 @@ def sent_cells(repeats: int = 2) -> pd.DataFrame:
 
 def measured_by(cells: pd.DataFrame, truth: pd.DataFrame) -> pd.DataFrame:
     """`cells` with the client's measurements taken from a replay (a server of known terms)."""
-    keys = [*served.CELL_KEYS, "request_id"]
+    keys = [*served.CELL_KEYS, "repeat", "request_id"]
     columns = ["start_s", "ttft_s", "e2e_s", "tpot_s", "output_tokens", "cached_tokens"]
-    return cells.merge(truth[[*keys, *columns]], on=keys, validate="many_to_one")
+    return cells.merge(truth[[*keys, *columns]], on=keys, validate="one_to_one")
 
 
 def with_clocks(cells: pd.DataFrame, frontend_s: float, timed: int = 0) -> pd.DataFrame:
@@ -382,18 +382,21 @@ def test_an_open_loop_cell_replays_on_the_clients_poisson_schedule(tmp_path):
     from analysis.platform.errors import WorkloadError
 
     cells = conversation_cells()
-    one = cells[(cells["mode"] == "cache") & (cells["repeat"] == 0)]
-    # the client started 4 conversations at 3 per second (seed 7), each capped in flight at 4
-    open_loop = one.assign(concurrency=4, arrival_rate=3.0, arrival_seed=7)
+    both = cells[cells["mode"] == "cache"]
+    # the client started 4 conversations at 3 per second, each repeat on its own schedule
+    # (seeds 7 and 8), capped at 4 in flight
+    open_loop = both.assign(concurrency=4, arrival_rate=3.0, arrival_seed=7 + both["repeat"])
     terms = served.ServerTerms(frontend_s=0.004)
     replayed = served.replay_cells(open_loop, SETTINGS, PROFILE, terms, tmp_path)
-    first_turns = replayed[replayed["request_id"].str.endswith("/0")]
-    expected = poisson_starts(4, 3.0, 7)
-    assert first_turns["start_s"].tolist() == pytest.approx(expected.tolist())
-    assert expected[-1] > 0.3  # spread out: a closed loop would start them all within 12 ms
+    for repeat, seed in ((0, 7), (1, 8)):
+        ours = replayed[(replayed["repeat"] == repeat) & replayed["request_id"].str.endswith("/0")]
+        expected = poisson_starts(4, 3.0, seed)
+        assert ours["start_s"].tolist() == pytest.approx(expected.tolist())
+        assert expected[-1] > 0.3  # spread out: a closed loop starts them all within 12 ms
+    one = open_loop[open_loop["repeat"] == 0]
     # a cap below the conversations could have held one back, which replay cannot do
     with pytest.raises(WorkloadError, match="capped at 2 conversations in flight, of 4"):
-        served.replay_cells(open_loop.assign(concurrency=2), SETTINGS, PROFILE, terms, tmp_path)
+        served.replay_cells(one.assign(concurrency=2), SETTINGS, PROFILE, terms, tmp_path)
 
 
 @pytest.mark.engine

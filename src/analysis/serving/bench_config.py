@@ -56,8 +56,8 @@ class ServingBenchConfig:
     churn_every: int = 0  # synthetic: a new prefix version every N measured requests (0: never)
     gauge_interval_s: float = 0.5  # KV-cache use sampled from /metrics this often (0: never)
     salt: str = ""  # synthetic: other prompts, same server (a run that must not reuse another's)
-    # sharegpt: conversations started per second, open loop (Poisson, seeded by `seed`), each
-    # turn after the previous reply; `concurrency` then caps the conversations in flight.
+    # sharegpt: conversations started per second, open loop (Poisson, seeded by `seed` plus the
+    # repeat), each turn after the previous reply; `concurrency` then caps those in flight.
     # None: a closed loop of `concurrency` clients.
     arrival_rate: float | None = None
 
@@ -111,6 +111,12 @@ class ServingBenchConfig:
         if self.workload == "sharegpt":
             return (poisson_label(self.arrival_rate) if self.arrival_rate else "sharegpt",)
         return tuple(str(p) for p in self.prefixes)
+
+
+def arrival_seed(config: ServingBenchConfig, repeat: int) -> int:
+    """The seed of repeat `repeat`'s Poisson schedule in an open loop: one per repeat, so that
+    the repeats measure as many seeds of arrivals (replay replays each with its own)."""
+    return config.seed + repeat
 
 
 @dataclass(frozen=True)
@@ -169,6 +175,8 @@ def _run_id(
         shaping.pop(name)
     if shaping["arrival_rate"] is None:  # closed loop: the ids runs had before open loops
         shaping.pop("arrival_rate")
+    else:
+        shaping["arrival_seed"] = "seed + repeat"  # (`arrival_seed`; once the seed alone)
     shaping.update(model_identity(model), mode=key.mode, regime=key.regime, c=key.concurrency)
     shaping["summary_schema"] = SUMMARY_SCHEMA
     if workload_hash:

@@ -24,7 +24,7 @@ import pandas as pd
 from analysis.engines.timed_arrivals import poisson_starts
 from analysis.metrics.server_clocks import SERVER_CLOCK_COLUMNS
 from analysis.serving import loadgen
-from analysis.serving.bench_config import RunKey, ServingBenchConfig
+from analysis.serving.bench_config import RunKey, ServingBenchConfig, arrival_seed
 from analysis.serving.server import VllmServer
 from analysis.serving.stats import odd_repeats_text
 from analysis.serving.storage import _digest
@@ -219,14 +219,17 @@ def conversations_run(
     key: RunKey,
     workload: loadgen.ShareGPTWorkload,
     common: dict[str, Any],
+    repeat: int,
 ) -> Any:
     """The client of a ShareGPT run: `key.concurrency` clients in a closed loop, or with an
-    arrival rate, conversations started open loop on replay's own Poisson schedule."""
+    arrival rate, conversations started open loop on replay's own Poisson schedule (the
+    repeat's seed)."""
     args = (server.base_url, server.model_name, workload.conversations)
     desc = f"{key.mode} {key.regime} c={key.concurrency}"
     if config.arrival_rate is None:
         return loadgen.run_closed_loop(*args, key.concurrency, **common, desc=desc)
-    starts = poisson_starts(len(workload.conversations), config.arrival_rate, config.seed)
+    seed = arrival_seed(config, repeat)
+    starts = poisson_starts(len(workload.conversations), config.arrival_rate, seed)
     return loadgen.run_open_loop(*args, starts.tolist(), key.concurrency, **common, desc=desc)
 
 
@@ -316,7 +319,9 @@ def execute_run(
         groups = [workload]
     else:
         middle = start
-        results, timing = run_coroutine(conversations_run(server, config, key, workload, common))
+        results, timing = run_coroutine(
+            conversations_run(server, config, key, workload, common, repeat)
+        )
         groups = workload.conversations
     finished = sum(r.status == "ok" for r in results if not r.warmup)
     end = server.counters_after(middle, finished)

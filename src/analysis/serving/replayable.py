@@ -18,7 +18,7 @@ import pandas as pd
 
 from analysis.metrics.server_clocks import SERVER_CLOCK_COLUMNS
 from analysis.platform.errors import WorkloadError
-from analysis.serving.bench_config import RunKey, ServingBenchConfig
+from analysis.serving.bench_config import RunKey, ServingBenchConfig, arrival_seed
 from analysis.serving.bench_run import sharegpt_specs, synthetic_specs
 from analysis.serving.model_names import DEFAULT_CPU_MODEL
 from analysis.serving.storage import load_requests
@@ -64,7 +64,7 @@ def cell_requests(config: ServingBenchConfig, table: pd.DataFrame) -> pd.DataFra
     `run_serving_bench`): its prompt ids and reply length as sent, and what the client measured
     (`start_s`, `ttft_s`, `e2e_s`, `tpot_s`, `status`, `warmup`). ShareGPT cells also name
     each request's `conversation` (its turns go in order, each after the previous reply), and
-    every cell how its conversations arrived (`arrival_rate`, `arrival_seed`)."""
+    every repeat how its conversations arrived (`arrival_rate`, `arrival_seed`)."""
     frames = []
     for cell in table.itertuples(index=False):
         sent = pd.DataFrame(
@@ -77,15 +77,16 @@ def cell_requests(config: ServingBenchConfig, table: pd.DataFrame) -> pd.DataFra
                 f"run {cell.run_id} holds requests its configuration does not send: "
                 "measure it again (force=True)"
             )
-        frames.append(rows.assign(**_cell(cell), **_arrivals(config)))
+        frames.append(rows.assign(**_cell(cell), **_arrival_columns(config, rows)))
     return pd.concat(frames, ignore_index=True)
 
 
-def _arrivals(config: ServingBenchConfig) -> dict[str, float]:
-    """How the cell's conversations arrived: an open loop's rate per second and the seed of
-    its Poisson schedule (NaN rate: a closed loop of clients)."""
+def _arrival_columns(config: ServingBenchConfig, rows: pd.DataFrame) -> dict[str, Any]:
+    """How each repeat's conversations arrived: an open loop's rate per second and the seed
+    of the repeat's Poisson schedule (NaN rate: a closed loop of clients)."""
     rate = math.nan if config.arrival_rate is None else float(config.arrival_rate)
-    return {"arrival_rate": rate, "arrival_seed": config.seed}
+    seeds = [arrival_seed(config, int(repeat)) for repeat in rows["repeat"]]
+    return {"arrival_rate": rate, "arrival_seed": seeds}
 
 
 def _sent(config: ServingBenchConfig, key: RunKey) -> list[dict[str, Any]]:

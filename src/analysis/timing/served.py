@@ -29,7 +29,6 @@ sent the per-request term after the previous reply.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -157,26 +156,25 @@ def replay_cell(
     profile_path: Path,
     terms: ServerTerms,
 ) -> pd.DataFrame:
-    """A cell's requests (one repeat: every repeat sends the same) replayed on the clock, as
-    the client sees them: TTFT, end-to-end and start, with the server's per-request term."""
-    first = requests[requests["repeat"] == requests["repeat"].min()]
-    cell = first.iloc[0]
-    conversations = "conversation" in first.columns and first["conversation"].notna().all()
+    """One repeat of a cell replayed on the clock, as the client sees it: TTFT, end-to-end
+    and start, with the server's per-request term."""
+    cell = requests.iloc[0]
+    conversations = "conversation" in requests.columns and requests["conversation"].notna().all()
     clients = int(cell["concurrency"])
     config = RunConfig(
         engine="replay",
         device="cpu",
         outputs="recorded",
-        **_arrivals(first, conversations, terms),
+        **_replay_arrivals(requests, conversations, terms),
         think_time_s=terms.frontend_s,
         prefix_caching=cell["mode"] == "cache",
         clock=str(profile_path),
         **{"num_blocks": NUM_BLOCKS, **settings},
     )
     trace = (
-        conversation_trace(first)
+        conversation_trace(requests)
         if conversations
-        else cell_trace(first, clients, stagger_s=terms.frontend_s)
+        else cell_trace(requests, clients, stagger_s=terms.frontend_s)
     )
     result = run(trace, config, progress=False)
     replayed = result.requests
@@ -189,6 +187,7 @@ def replay_cell(
     return pd.DataFrame(
         {
             **{key: cell[key] for key in CELL_KEYS},
+            "repeat": cell["repeat"],
             "request_id": replayed["request_id"],
             "warmup": ~measured,
             "start_s": replayed["arrival_s"],
@@ -202,28 +201,29 @@ def replay_cell(
     )
 
 
-def _arrivals(first: pd.DataFrame, conversations: bool, terms: ServerTerms) -> dict[str, Any]:
+def _replay_arrivals(
+    requests: pd.DataFrame, conversations: bool, terms: ServerTerms
+) -> dict[str, Any]:
     """How replay's requests arrive, as the cell's did: synthetic clients by the trace's
     times; ShareGPT conversations from a closed loop of clients (each started the per-request
-    term after the one before), or open loop on the client's own Poisson schedule (the same
+    term after the one before), or open loop on the repeat's own Poisson schedule (the same
     rate and seed give the same start times)."""
-    cell = first.iloc[0]
+    cell = requests.iloc[0]
     clients = int(cell["concurrency"])
     if not conversations:
         return {"mode": "timestamps", "concurrency": clients}  # the stagger is in the trace
-    rate = float(cell["arrival_rate"]) if "arrival_rate" in first.columns else math.nan
-    if not math.isfinite(rate):
+    if not _open_loop(requests):
         return {"mode": "closed-loop", "concurrency": clients, "start_stagger_s": terms.frontend_s}
-    if clients < first["conversation"].nunique():
+    if clients < requests["conversation"].nunique():
         raise WorkloadError(
             f"an open-loop cell capped at {clients} conversations in flight, of "
-            f"{first['conversation'].nunique()}: replay has no cap, measure it with a cap of "
+            f"{requests['conversation'].nunique()}: replay has no cap, measure it with a cap of "
             "every conversation"
         )
     return {
         "mode": "poisson",
         "concurrency": clients,
-        "arrival_rate": rate,
+        "arrival_rate": float(cell["arrival_rate"]),
         "seed": int(cell["arrival_seed"]),
     }
 
@@ -239,27 +239,38 @@ def replay_cells(
     terms: ServerTerms,
     scratch: Path,
 ) -> pd.DataFrame:
-    """Every cell replayed on `profile` with the server's terms."""
+    """Every repeat of every cell replayed on `profile` with the server's terms. The repeats
+    of a cell send the same requests at the same times, so one replay stands for them all,
+    except in an open loop, where each repeat has a schedule (a seed) of its own."""
     path = Path(scratch) / "profile-with-server.json"
     write_json(path, with_server(profile, terms).to_dict())
-    return pd.concat(
-        [
-            replay_cell(group, settings, path, terms)
-            for _, group in cells.groupby(CELL_KEYS, sort=False)
-        ],
-        ignore_index=True,
-    )
+    frames = []
+    for _, cell in cells.groupby(CELL_KEYS, sort=False):
+        repeats = sorted(cell["repeat"].unique())
+        if _open_loop(cell):
+            frames += [
+                replay_cell(cell[cell["repeat"] == r], settings, path, terms) for r in repeats
+            ]
+        else:
+            once = replay_cell(cell[cell["repeat"] == repeats[0]], settings, path, terms)
+            frames += [once.assign(repeat=r) for r in repeats]
+    return pd.concat(frames, ignore_index=True)
+
+
+def _open_loop(cell: pd.DataFrame) -> bool:
+    return "arrival_rate" in cell.columns and bool(np.isfinite(cell["arrival_rate"]).all())
 
 
 def matched(cells: pd.DataFrame, predicted: pd.DataFrame) -> pd.DataFrame:
     """Each measured request (every repeat, warm-ups left out) beside its prediction."""
     sent = cells[~cells["warmup"] & (cells["status"] == "ok")]
     columns = ["ttft_s", "e2e_s", "tpot_s", "start_s"]
-    return sent[[*CELL_KEYS, "repeat", "request_id", "output_tokens", *columns]].merge(
-        predicted[[*CELL_KEYS, "request_id", *columns]],
-        on=[*CELL_KEYS, "request_id"],
+    keys = [*CELL_KEYS, "repeat", "request_id"]
+    return sent[[*keys, "output_tokens", *columns]].merge(
+        predicted[[*keys, *columns]],
+        on=keys,
         suffixes=("_measured", "_predicted"),
-        validate="many_to_one",
+        validate="one_to_one",
     )
 
 
@@ -375,7 +386,8 @@ STATISTICS = {
 
 def per_repeat(pairs: pd.DataFrame) -> pd.DataFrame:
     """Each statistic per cell and repeat, measured and predicted (the prediction is the same
-    for every repeat: they sent the same requests)."""
+    for every repeat, which sent the same requests, but in an open loop, whose repeats each
+    have a schedule of their own)."""
     rows = []
     for (*cell, repeat), table in pairs.groupby([*CELL_KEYS, "repeat"], sort=False):
         for name, statistic in STATISTICS.items():
@@ -401,7 +413,7 @@ def errors(pairs: pd.DataFrame, fitted_clients: int | None = FITTED_CLIENTS) -> 
     rows = []
     for (*cell, name), table in repeats.groupby([*CELL_KEYS, "statistic"], sort=False):
         measured = float(table["measured"].median())
-        predicted = float(table["predicted"].iloc[0])
+        predicted = float(table["predicted"].median())  # the same in every repeat but open loops
         spread = float((table["measured"] / measured - 1.0).abs().max())
         error = predicted / measured - 1.0
         goal = GOALS[f"{name}_error"]
@@ -480,8 +492,8 @@ def checks(
     cache exactly as many prompt tokens as the server reported; every cell was replayed and
     compared on every statistic; every cell the terms were not fitted on is held out."""
     pairs = cells[~cells["warmup"]].merge(
-        predicted[[*CELL_KEYS, "request_id", "cached_tokens"]],
-        on=[*CELL_KEYS, "request_id"],
+        predicted[[*CELL_KEYS, "repeat", "request_id", "cached_tokens"]],
+        on=[*CELL_KEYS, "repeat", "request_id"],
         suffixes=("", "_replayed"),
     )
     differ = int((pairs["cached_tokens"] != pairs["cached_tokens_replayed"]).sum())
