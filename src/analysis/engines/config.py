@@ -28,6 +28,15 @@ DEVICES = ("cpu", "cuda")
 HASH_ALGOS = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor")
 LONG_PROMPTS = ("skip", "error")
 BLOCK_EVENTS = ("aggregate", "full")
+POISSON = "poisson"
+
+
+def poisson_label(rate: float) -> str:
+    """How an open loop of `rate` arrivals per second is named: in a run's id, and in a
+    serving cell's regime ("poisson0.5")."""
+    return f"{POISSON}{rate:g}"
+
+
 # Fleet routers (classes in analysis.engines.fleet.routers) and the parameter each may take,
 # written after its name: "affinity-cap1.25" caps a replica at 1.25x the mean load (bounded
 # load), "prefix-load-beta0.5" weighs load against cached prefix.
@@ -129,8 +138,8 @@ class RunConfig:
 
     def readable_prefix(self) -> str:
         trace = Path(self.trace).stem if self.trace else "trace"
-        if self.mode == "poisson":
-            mode = f"poisson{self.arrival_rate:g}"
+        if self.mode == POISSON:
+            mode = poisson_label(self.arrival_rate)
         elif self.mode == "timestamps":
             mode = "timestamps"
         else:

@@ -35,14 +35,6 @@ from analysis.engines.config import RunConfig
 from analysis.engines.workload import Workload
 from analysis.platform.errors import ConfigError
 
-POISSON = "poisson"
-
-
-def poisson_label(rate: float) -> str:
-    """How an open loop of `rate` arrivals per second is named in run ids and in a serving
-    cell's regime ("poisson0.5")."""
-    return f"{POISSON}{rate:g}"
-
 
 def poisson_starts(count: int, rate: float | None, seed: int = 0) -> np.ndarray:
     """When `count` conversations start in an open loop of `rate` per second: a seeded Poisson

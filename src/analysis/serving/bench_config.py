@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from analysis.engines.timed_arrivals import poisson_label
+from analysis.engines.config import poisson_label
 from analysis.models import shapes as model_shapes
 from analysis.platform.manifest import read_json
 from analysis.serving.model_names import model_identity

@@ -225,12 +225,11 @@ def conversations_run(
     arrival rate, conversations started open loop on replay's own Poisson schedule (the
     repeat's seed)."""
     args = (server.base_url, server.model_name, workload.conversations)
-    desc = f"{key.mode} {key.regime} c={key.concurrency}"
     if config.arrival_rate is None:
-        return loadgen.run_closed_loop(*args, key.concurrency, **common, desc=desc)
+        return loadgen.run_closed_loop(*args, key.concurrency, **common)
     seed = arrival_seed(config, repeat)
     starts = poisson_starts(len(workload.conversations), config.arrival_rate, seed)
-    return loadgen.run_open_loop(*args, starts.tolist(), key.concurrency, **common, desc=desc)
+    return loadgen.run_open_loop(*args, starts.tolist(), key.concurrency, **common)
 
 
 def workload_digest(workload: Any) -> str:
@@ -320,7 +319,7 @@ def execute_run(
     else:
         middle = start
         results, timing = run_coroutine(
-            conversations_run(server, config, key, workload, common, repeat)
+            conversations_run(server, config, key, workload, {**common, "desc": desc}, repeat)
         )
         groups = workload.conversations
     finished = sum(r.status == "ok" for r in results if not r.warmup)

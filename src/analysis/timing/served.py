@@ -38,8 +38,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.engines.clock import StepCostProfile
-from analysis.engines.config import RunConfig
-from analysis.engines.timed_arrivals import POISSON
+from analysis.engines.config import POISSON, RunConfig
 from analysis.metrics.oracles import Checks
 from analysis.metrics.server_clocks import server_clocks
 from analysis.platform.errors import WorkloadError
