@@ -558,3 +558,36 @@ def test_an_arrival_rate_is_a_positive_rate_of_sharegpt_conversations():
     assert run_id(ServingBenchConfig(), "m", RunKey("cache", "512", 8)) == (
         "synthetic-cache-p512-c8-ea414c709f"
     )
+
+
+def test_a_cancellation_hidden_in_a_failed_request_is_not_swallowed():
+    import aiohttp
+
+    from analysis.serving.loadgen.client import stream_completion
+
+    class Session:  # a client library that reports a cancelled connect as a lost connection
+        def post(self, *args, **kwargs):
+            return self
+
+        async def __aenter__(self):
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                raise aiohttp.ClientConnectionError("connection lost") from None
+
+        async def __aexit__(self, *exc_info):
+            return False
+
+    async def run():
+        await stream_completion(Session(), "http://x", "m", _specs(1)[0], timeout_s=5, t0=0)
+        await asyncio.sleep(0.1)  # the rest of the run
+        return "went on"
+
+    async def interrupted():
+        task = asyncio.create_task(run())
+        await asyncio.sleep(0.05)
+        task.cancel()  # Ctrl-C, as asyncio.run delivers it
+        return await task
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(interrupted())

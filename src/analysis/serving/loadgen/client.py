@@ -102,6 +102,10 @@ async def stream_completion(
         result.error = f"no complete answer within {timeout_s:g} s"
     except (aiohttp.ClientError, json.JSONDecodeError, OSError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"[:300]
+    if asyncio.current_task().cancelling():
+        # the caller was cancelled (Ctrl-C) while this request ended in an error or a timeout
+        # that hid it: a counted failure must not swallow the cancellation, or the run goes on
+        raise asyncio.CancelledError
     return result
 
 
