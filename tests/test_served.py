@@ -3,6 +3,8 @@ replays as, and the server's terms recovered from a server whose times are known
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pandas as pd
 import pytest
 
@@ -500,3 +502,180 @@ def test_the_profile_is_checked_on_its_own_decode_steps_by_batch_size(tmp_path):
     assert "one request at 22.5 ms against 30.0 ms measured (-25%, 3 steps)" in reading
     assert "the difference, +25 points at 4 requests" in reading
     assert served.decode_reading(check[check["sequences"] == 4]) == ""
+
+
+def _conversations_trace(tmp_path, count: int = 5):
+    """A small multi-turn trace on disk: `count` conversations of 3 turns, each turn's prompt
+    the previous one grown, the first 96 tokens of every conversation its own."""
+    rows = []
+    for conversation in range(count):
+        prompt = list(shared_prefix(96, "history", conversation))
+        for turn in range(3):
+            prompt = prompt + loadgen.ordinary_ids(40, "turn", conversation, turn)
+            rows.append(
+                {
+                    "request_id": f"c{conversation}/{turn}",
+                    "conversation_id": f"c{conversation}",
+                    "turn_index": turn,
+                    "prompt_ids": list(prompt),
+                    "response_ids": [7] * 5,
+                    "prompt_tokens": len(prompt),
+                    "response_tokens": 5,
+                    "timestamp": float("nan"),
+                }
+            )
+    path = tmp_path / "multi_turn.parquet"
+    pd.DataFrame(rows).to_parquet(path)
+    return path
+
+
+def conversations_config(trace) -> ServingBenchConfig:
+    return ServingBenchConfig(
+        workload="sharegpt",
+        concurrency=(2,),
+        requests=2,
+        max_turns=2,
+        output_tokens=3,
+        trace_path=str(trace),
+        arrival_rate=0.5,  # the measured open loop's: the predicted cells are closed loops
+    )
+
+
+def test_conversations_to_predict_are_the_benchmarks_cut_at_every_client_count(tmp_path):
+    config = conversations_config(_conversations_trace(tmp_path))
+    cells = replayable.sharegpt_cells_to_predict(config, [1, 4], 3)
+    sizes = cells.groupby(served.CELL_KEYS).size()
+    # 3 conversations, cut to the benchmark's 2 turns, in both modes at both client counts
+    assert sizes.to_dict() == {
+        (mode, "sharegpt", clients): 6 for mode in ("cache", "no_cache") for clients in (1, 4)
+    }
+    first = cells[(cells["mode"] == "cache") & (cells["concurrency"] == 1)]
+    assert first["request_id"].tolist() == ["c0/0", "c0/1", "c1/0", "c1/1", "c2/0", "c2/1"]
+    assert first["conversation"].tolist() == ["c0", "c0", "c1", "c1", "c2", "c2"]
+    assert (cells["max_tokens"] == 3).all() and not cells["warmup"].any()
+    assert "arrival_rate" not in cells.columns  # a closed loop, whatever the measured cell was
+    every = replayable.sharegpt_cells_to_predict(config, [2], None)
+    assert every["conversation"].nunique() == 5  # None: every conversation the cut keeps
+
+
+def test_conversations_to_predict_refuse_what_cannot_be_predicted(tmp_path):
+    config = conversations_config(_conversations_trace(tmp_path))
+    with pytest.raises(ValueError, match=">= 1"):
+        replayable.sharegpt_cells_to_predict(config, [1], 0)
+    with pytest.raises(ValueError, match="workload='sharegpt'"):
+        replayable.sharegpt_cells_to_predict(ServingBenchConfig(), [1], 3)
+
+
+@pytest.mark.engine
+def test_conversations_beyond_the_server_are_predicted_with_checks_that_hold(tmp_path):
+    config = conversations_config(_conversations_trace(tmp_path))
+    to_predict = replayable.sharegpt_cells_to_predict(config, [1, 3], None)
+    comparison = SimpleNamespace(profile=PROFILE, terms=served.ServerTerms(0.01, 0.002))
+    curves = served.predict_cells(to_predict, SETTINGS, comparison)
+    assert len(curves) == 4 and (curves["requests"] == 10).all()
+    off = curves[curves["mode"] == "no_cache"]
+    assert (off["hit_rate"] == 0).all()
+    one = curves[(curves["mode"] == "cache") & (curves["concurrency"] == 1)].iloc[0]
+    # each second turn hits its first turn's full blocks: 96 + 40 = 136 tokens -> 128
+    assert one["hit_rate"] == pytest.approx(5 * 128 / (5 * (136 + 176)))
+    checks = served.curve_checks(to_predict, curves, SETTINGS["block_size"])
+    assert checks.table()["holds"].all()
+    # a hit rate the replay did not reach is caught
+    wrong = curves.assign(hit_rate=curves["hit_rate"] * 0.5)
+    assert not served.curve_checks(to_predict, wrong, SETTINGS["block_size"]).table()["holds"].all()
+
+
+def _pool_curves(hits_at_most: float, preempted_at_most: float) -> pd.DataFrame:
+    rows = []
+    for clients, on_req, off_req, hits in (
+        (1, 2.0, 1.5, 0.5),
+        (16, 4.0, 2.0, 0.5),
+        (64, 2.2, 2.0, hits_at_most),
+    ):
+        rows.append(
+            {
+                "mode": "cache",
+                "prefix_regime": "sharegpt",
+                "concurrency": clients,
+                "throughput_req": on_req,
+                "p50_ttft": 0.1 * clients,
+                "hit_rate": hits,
+                "preempted_share": preempted_at_most if clients == 64 else 0.0,
+            }
+        )
+        rows.append(
+            {
+                "mode": "no_cache",
+                "prefix_regime": "sharegpt",
+                "concurrency": clients,
+                "throughput_req": off_req,
+                "p50_ttft": 0.2 * clients,
+                "hit_rate": 0.0,
+                "preempted_share": 0.0,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def test_the_pool_reading_names_what_took_the_hits_from_the_numbers():
+    evicted = served.pool_reading(_pool_curves(0.05, 0.0), 682, 32)
+    assert "50% of the prompt tokens at 1 client and 5% at 64" in evicted
+    assert "2.0x caching off's throughput at 16 clients" in evicted and "1.1x at 64" in evicted
+    assert "lost to eviction" in evicted and "682 blocks of 32 tokens (21,824 tokens)" in evicted
+    preempted = served.pool_reading(_pool_curves(0.05, 0.3), 682, 32)
+    assert "30% of the requests preempted" in preempted and "requests are preempted" in preempted
+    kept = served.pool_reading(_pool_curves(0.45, 0.0), 682, 32)
+    assert "kept most of the reuse" in kept
+
+
+def test_the_curves_reading_of_conversations_leaves_the_open_loop_out():
+    curves = _pool_curves(0.05, 0.0)
+    table = pd.DataFrame(
+        [
+            {
+                "mode": m,
+                "prefix_regime": regime,
+                "concurrency": c,
+                "family": "held out",
+                "statistic": "p50_ttft",
+                "error": error,
+            }
+            for m in ("cache", "no_cache")
+            for regime, c, error in (("sharegpt", 4, 0.03), ("poisson0.53", 6, 0.5))
+        ]
+    )
+    text = served.curves_reading(curves, table)
+    assert "At 64 clients on the ShareGPT conversations" in text
+    assert "up to 4 clients" in text and "p50_ttft +3%" in text and "+50%" not in text
+
+
+def test_the_conversation_curves_plot_the_hit_rate_and_leave_other_workloads_out():
+    from analysis.plots import timing as timing_plots
+
+    curves = _pool_curves(0.05, 0.0)
+    table = pd.DataFrame(
+        [
+            {
+                "mode": m,
+                "prefix_regime": regime,
+                "concurrency": c,
+                "statistic": statistic,
+                "measured_median_of_repeats": 0.5,
+                "predicted": 0.45,
+            }
+            for m in ("cache", "no_cache")
+            for regime, c in (("sharegpt", 4), ("poisson0.53", 6))
+            for statistic in ("p50_ttft", "throughput_req", "hit_rate")
+        ]
+    )
+    panels = {**timing_plots.CURVE_PANELS, **timing_plots.HIT_RATE_PANEL}
+    fig = timing_plots.served_curves_figure(curves, table, panels)
+    assert len(fig.axes) == 3
+    for ax in fig.axes:
+        assert ax.get_xlabel() == "closed-loop clients" and ax.get_ylabel()
+        lines = [line for line in ax.lines if len(line.get_xdata()) == 3]
+        markers = [line for line in ax.lines if len(line.get_xdata()) == 1]
+        # both modes, each measured and predicted where the server ran; the open loop left out
+        assert len(lines) == 2 and len(markers) == 4
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels == ["ShareGPT conversations, caching on", "ShareGPT conversations, caching off"]

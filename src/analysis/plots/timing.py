@@ -6,6 +6,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
@@ -135,42 +136,77 @@ def served_cells_figure(table: pd.DataFrame, repeats: pd.DataFrame) -> Figure:
     return fig
 
 
-def served_curves_figure(curves: pd.DataFrame, table: pd.DataFrame) -> Figure:
-    """Predicted median TTFT and throughput against clients, caching on and off, one colour
-    per prefix; the server's measured medians (of repeats) as markers where it ran."""
-    panels = {"p50_ttft": "median TTFT (s)", "throughput_req": "throughput (requests/s)"}
-    prefixes = sorted(curves["prefix_regime"].unique(), key=int)
+# The panels of the predicted curves: a statistic of the predicted cells, and its axis label.
+CURVE_PANELS = {"p50_ttft": "median TTFT (s)", "throughput_req": "throughput (requests/s)"}
+# ... and the pool's side: how much of the prompts the cache served.
+HIT_RATE_PANEL = {"hit_rate": "prompt tokens served from the cache"}
+
+
+def served_curves_figure(
+    curves: pd.DataFrame, table: pd.DataFrame, panels: dict[str, str] | None = None
+) -> Figure:
+    """Predicted statistics (`panels`: median TTFT and throughput by default) against
+    clients, caching on and off, one colour per workload (a shared prefix, or ShareGPT
+    conversations); where the server ran, its measured medians (of repeats) as open markers
+    and replay's prediction of those very requests as crosses (the lines may send more)."""
+    panels = panels or CURVE_PANELS
+    regimes = sorted(curves["prefix_regime"].unique(), key=_regime_order)
     colors = dict(
-        zip(prefixes, plt.get_cmap("viridis")(np.linspace(0.1, 0.8, len(prefixes))), strict=True)
+        zip(regimes, plt.get_cmap("viridis")(np.linspace(0.1, 0.8, len(regimes))), strict=True)
     )
-    fig, axes = plt.subplots(1, len(panels), figsize=(11, 4.6))
-    for ax, (statistic, label) in zip(axes, panels.items(), strict=True):
-        for prefix in prefixes:
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.6), squeeze=False)
+    for ax, (statistic, label) in zip(axes[0], panels.items(), strict=True):
+        for regime in regimes:
             for mode in ("cache", "no_cache"):
-                rows = curves[(curves["prefix_regime"] == prefix) & (curves["mode"] == mode)]
+                rows = curves[(curves["prefix_regime"] == regime) & (curves["mode"] == mode)]
                 rows = rows.sort_values("concurrency")
                 ax.plot(
                     rows["concurrency"],
                     rows[statistic],
                     "-" if mode == "cache" else "--",
-                    color=colors[prefix],
-                    label=f"{prefix} tokens, caching {'on' if mode == 'cache' else 'off'}",
+                    color=colors[regime],
+                    label=f"{_regime_words(regime)}, caching {'on' if mode == 'cache' else 'off'}",
                 )
-        measured = table[table["statistic"] == statistic]
+        measured = table[(table["statistic"] == statistic) & table["prefix_regime"].isin(regimes)]
         for row in measured.itertuples(index=False):
+            color = colors[row.prefix_regime]
+            marker = "s" if row.mode == "cache" else "o"
             ax.plot(
-                row.concurrency,
-                row.measured_median_of_repeats,
-                "s" if row.mode == "cache" else "o",
-                color=colors[row.prefix_regime],
-                mfc="white",
+                row.concurrency, row.measured_median_of_repeats, marker, color=color, mfc="white"
             )
+            ax.plot(row.concurrency, row.predicted, "x", color=color)
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
-        ax.set_yscale("log")
+        if statistic == "hit_rate":
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:.0%}"))
+        else:
+            _plain_log_axis(ax)
         ax.set_xlabel("closed-loop clients")
-        ax.set_ylabel(f"{label}\nlines: replay on the clock; markers: server")
-    axes[0].legend(fontsize=7, title="shared prefix", title_fontsize=8)
-    fig.suptitle("Predicted by replay beyond what the server measured (open markers: measured)")
+        where = "lines: replay on the clock" + ("; markers: server" if len(measured) else "")
+        ax.set_ylabel(f"{label}\n{where}")
+    title = "shared prefix" if all(str(r).isdigit() for r in regimes) else "workload"
+    axes[0][0].legend(fontsize=7, title=title, title_fontsize=8)
+    fig.suptitle(
+        "Predicted by replay beyond what the server measured "
+        "(open markers: the server; x: replay of the very requests it was sent)"
+    )
     fig.tight_layout()
     return fig
+
+
+def _plain_log_axis(ax: Axes) -> None:
+    """A log y axis labelled in plain numbers; within one decade, its minor ticks too (else
+    no label would show)."""
+    ax.set_yscale("log")
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    low, high = ax.get_ylim()
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain if high / low < 10 else FuncFormatter(lambda *_: ""))
+
+
+def _regime_order(regime: str) -> tuple[bool, int, str]:
+    return (not str(regime).isdigit(), int(regime) if str(regime).isdigit() else 0, str(regime))
+
+
+def _regime_words(regime: str) -> str:
+    return f"{regime} tokens" if str(regime).isdigit() else "ShareGPT conversations"

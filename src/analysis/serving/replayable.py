@@ -10,6 +10,7 @@ unset), so that whatever replays a cell schedules it under the same limits.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -92,19 +93,23 @@ def _arrival_columns(config: ServingBenchConfig, rows: pd.DataFrame) -> dict[str
 def _sent(config: ServingBenchConfig, key: RunKey) -> list[dict[str, Any]]:
     """What one cell sends, as rows: synthetic requests, or ShareGPT conversations' turns."""
     if config.workload == "sharegpt":
-        return [
-            {
-                "request_id": spec.request_id,
-                "conversation": str(spec.group),
-                "prompt_ids": list(spec.prompt_ids),
-                "max_tokens": spec.max_tokens,
-            }
-            for conversation in sharegpt_specs(config).conversations
-            for spec in conversation
-        ]
+        return _conversation_rows(config)
     return [
         {"request_id": s.request_id, "prompt_ids": list(s.prompt_ids), "max_tokens": s.max_tokens}
         for s in synthetic_specs(config, key)
+    ]
+
+
+def _conversation_rows(config: ServingBenchConfig) -> list[dict[str, Any]]:
+    return [
+        {
+            "request_id": spec.request_id,
+            "conversation": str(spec.group),
+            "prompt_ids": list(spec.prompt_ids),
+            "max_tokens": spec.max_tokens,
+        }
+        for conversation in sharegpt_specs(config).conversations
+        for spec in conversation
     ]
 
 
@@ -173,3 +178,34 @@ def synthetic_cells_to_predict(
                         }
                     )
     return pd.DataFrame(rows)
+
+
+def sharegpt_cells_to_predict(
+    config: ServingBenchConfig, clients: Sequence[int], conversations: int | None
+) -> pd.DataFrame:
+    """The benchmark's ShareGPT conversations, cut and capped as it sends them, at client
+    counts no server ran, both modes, closed loop, as rows a clock can replay (nothing
+    measured): the trace's first `conversations` conversations, or with None every one the
+    cut keeps (the whole multi-turn trace)."""
+    if config.workload != "sharegpt":
+        raise ValueError(
+            f"conversations to predict need workload='sharegpt', not {config.workload!r}"
+        )
+    if conversations is not None and conversations < 1:
+        raise ValueError(
+            f"conversations to predict must be >= 1 (or None: all), got {conversations}"
+        )
+    closed = replace(config, requests=conversations or sys.maxsize, arrival_rate=None)
+    sent = pd.DataFrame(_conversation_rows(closed))
+    cells = [
+        sent.assign(
+            mode=mode,
+            prefix_regime=closed.regimes()[0],
+            concurrency=int(count),
+            repeat=0,
+            warmup=False,
+        )
+        for count in clients
+        for mode in config.modes
+    ]
+    return pd.concat(cells, ignore_index=True)

@@ -39,7 +39,7 @@ import pandas as pd
 
 from analysis.engines.clock import StepCostProfile
 from analysis.engines.config import POISSON, RunConfig
-from analysis.metrics.oracles import Checks
+from analysis.metrics.oracles import Checks, brute_force_hits
 from analysis.metrics.server_clocks import server_clocks
 from analysis.platform.errors import WorkloadError
 from analysis.platform.manifest import write_json
@@ -196,6 +196,8 @@ def replay_cell(
             "output_tokens": replayed["output_tokens"],
             # vLLM leaves -1 where caching is off: nothing was served from the cache
             "cached_tokens": replayed["cached_tokens"].clip(lower=0),
+            "prompt_tokens": replayed["prompt_tokens"],
+            "preemptions": replayed["preemptions"],
         }
     )
 
@@ -639,6 +641,10 @@ def predicted_statistics(predicted: pd.DataFrame) -> pd.DataFrame:
                     name: float(statistic(table, "predicted"))
                     for name, statistic in STATISTICS.items()
                 },
+                # what the pool did: prompt tokens served from the cache at first admission,
+                # and requests preempted at least once (their blocks freed, prefilled again)
+                "hit_rate": float(table["cached_tokens"].sum() / table["prompt_tokens"].sum()),
+                "preempted_share": float((table["preemptions"] > 0).mean()),
             }
         )
     return pd.DataFrame(rows)
@@ -663,7 +669,7 @@ def _workload(regime: str) -> str:
         return f"prefix {regime}"
     if regime.startswith(POISSON):
         return f"ShareGPT conversations arriving at {regime.removeprefix(POISSON)} per second"
-    return f"{regime} conversations"
+    return "ShareGPT conversations" if regime == "sharegpt" else f"{regime} conversations"
 
 
 def _cell_words(regime: str, concurrency: int) -> str:
@@ -684,23 +690,118 @@ def calibration_folder(settings: dict[str, Any], torch_threads: int) -> Path:
 
 def curves_reading(curves: pd.DataFrame, table: pd.DataFrame) -> str:
     """What the predicted curves say at the edge the server did not reach, beside the largest
-    held-out error where it did (every number from the two tables)."""
+    held-out error where it did (every number from the two tables; the server's cells of
+    other workloads, such as an open loop, left out)."""
     most = int(curves["concurrency"].max())
-    longest = max(curves["prefix_regime"], key=int)
-    edge = curves[(curves["concurrency"] == most) & (curves["prefix_regime"] == longest)]
+    edge_regime = _edge_regime(curves["prefix_regime"])
+    edge = curves[(curves["concurrency"] == most) & (curves["prefix_regime"] == edge_regime)]
     by_mode = edge.set_index("mode")
     on, off = by_mode.loc["cache"], by_mode.loc["no_cache"]
-    held = table[table["family"] == "held out"]
+    ran = table[table["prefix_regime"].isin(curves["prefix_regime"].unique())]
+    held = ran[ran["family"] == "held out"]
     worst = held.loc[held["error"].abs().groupby(held["statistic"]).idxmax()]
     errors_ = ", ".join(f"{r.statistic} {r.error:+.0%}" for r in worst.itertuples(index=False))
-    measured_most = int(table["concurrency"].max())
+    measured_most = int(ran["concurrency"].max())
     return (
-        f"At {most} clients and a {longest}-token prefix, replay predicts caching on at "
+        f"At {most} clients {_regime_phrase(edge_regime)}, replay predicts caching on at "
         f"{on['throughput_req']:.3g} requests/s against {off['throughput_req']:.3g} off "
         f"({on['throughput_req'] / off['throughput_req']:.1f}x), with a median TTFT of "
         f"{on['p50_ttft']:.3g} s against {off['p50_ttft']:.3g} s. The server measured up to "
         f"{measured_most} clients; there the largest held-out errors were {errors_}: read the "
         "curves beyond it with those errors in mind, not as measurements."
+    )
+
+
+def curve_checks(to_predict: pd.DataFrame, curves: pd.DataFrame, block_size: int) -> Checks:
+    """What holds of predicted cells whatever the clock: each predicted every request it
+    sent; caching off served nothing from the cache; and one client, caching on, hit exactly
+    what an infinite cache would (one request at a time, a conversation's history is still in
+    the pool at its next turn)."""
+    sent = to_predict[~to_predict["warmup"]].groupby(CELL_KEYS, sort=False).size()
+    got = curves.set_index(CELL_KEYS)["requests"]
+    result = Checks()
+    result.add("predicted cells with every request they sent", len(sent), int((got == sent).sum()))
+    off = curves.loc[curves["mode"] == "no_cache", "hit_rate"]
+    result.add(
+        "caching off: prompt tokens served from the cache, any client count",
+        0.0,
+        float(off.max()) if len(off) else 0.0,
+    )
+    one = curves[(curves["mode"] == "cache") & (curves["concurrency"] == 1)]
+    for row in one.itertuples(index=False):
+        sent_one = to_predict[
+            (to_predict["mode"] == "cache")
+            & (to_predict["concurrency"] == 1)
+            & (to_predict["prefix_regime"] == row.prefix_regime)
+            & ~to_predict["warmup"]
+        ]
+        low, high = _one_client_bounds(sent_one, block_size)
+        result.add(
+            f"one client, caching on ({_workload(row.prefix_regime)}):"
+            " each conversation's own history hit <= replay's hit rate <= an infinite cache's",
+            f"[{low:.4f}, {high:.4f}]",
+            round(float(row.hit_rate), 4),
+            holds=low - 1e-9 <= row.hit_rate <= high + 1e-9,
+        )
+    return result
+
+
+def _one_client_bounds(sent: pd.DataFrame, block_size: int) -> tuple[float, float]:
+    """Hit rates that bound one client's, whose requests go one at a time in `sent`'s order:
+    at least each conversation's hits on its own earlier turns (still in a pool that holds one
+    conversation), at most an infinite cache's (hits across conversations too, which LRU may
+    have evicted)."""
+    prompts = sent["prompt_ids"]
+    total = prompts.map(len).sum()
+    groups = sent["conversation"] if "conversation" in sent.columns else pd.Series(0, sent.index)
+    own = sum(brute_force_hits(p, block_size).sum() for _, p in prompts.groupby(groups, sort=False))
+    return float(own / total), float(brute_force_hits(prompts, block_size).sum() / total)
+
+
+def _edge_regime(regimes: pd.Series) -> str:
+    """The longest shared prefix, or the one workload that is not a prefix length."""
+    named = sorted({str(r) for r in regimes if not str(r).isdigit()})
+    if named:
+        if len(named) > 1:
+            raise ValueError(f"curves of one workload at a time, got {named}")
+        return named[0]
+    return str(max(regimes, key=int))
+
+
+def _regime_phrase(regime: str) -> str:
+    if str(regime).isdigit():
+        return f"and a {regime}-token prefix"
+    return f"on the {_workload(regime)}"
+
+
+def pool_reading(curves: pd.DataFrame, pool_blocks: int, block_size: int) -> str:
+    """What the KV pool did to caching's gain as clients grow, from the predicted cells of one
+    workload: the share of prompt tokens the cache served, the requests preempted, and the
+    throughput ratio of caching on to off (every number from `curves`)."""
+    on = curves[curves["mode"] == "cache"].set_index("concurrency").sort_index()
+    off = curves[curves["mode"] == "no_cache"].set_index("concurrency").sort_index()
+    gain = on["throughput_req"] / off["throughput_req"]
+    fewest, most, best = int(on.index.min()), int(on.index.max()), int(gain.idxmax())
+    first, last = on.loc[fewest], on.loc[most]
+    text = (
+        f"Caching on, replay's cache served {first['hit_rate']:.0%} of the prompt tokens at "
+        f"{fewest} client{'' if fewest == 1 else 's'} and {last['hit_rate']:.0%} at {most}, with "
+        f"{last['preempted_share']:.0%} of the requests preempted there. Caching on delivers "
+        f"{gain.max():.1f}x caching off's throughput at {best} clients (its largest gain) and "
+        f"{gain.loc[most]:.1f}x at {most}. "
+    )
+    pool = f"{pool_blocks:,} blocks of {block_size} tokens ({pool_blocks * block_size:,} tokens)"
+    if last["hit_rate"] >= 0.5 * first["hit_rate"]:
+        return text + f"The pool of {pool} kept most of the reuse at every client count shown."
+    if last["preempted_share"] > 0:
+        return text + (
+            f"The pool of {pool} is too small for {most} clients: requests are preempted and "
+            "their blocks freed, so conversations lose their cached history between turns."
+        )
+    return text + (
+        f"Nothing was preempted, so the hits were lost to eviction: with {most} conversations "
+        f"in flight, the pool of {pool} evicts a conversation's blocks (least recently used "
+        "first) before its next turn arrives."
     )
 
 
