@@ -10,6 +10,7 @@ import pytest
 
 from analysis.engines.clock import StepCostProfile
 from analysis.metrics.server_clocks import server_clocks
+from analysis.platform.manifest import write_json
 from analysis.serving import loadgen, replayable
 from analysis.serving.bench_config import ServingBenchConfig
 from analysis.serving.loadgen.workloads import shared_prefix
@@ -570,8 +571,10 @@ def test_conversations_to_predict_refuse_what_cannot_be_predicted(tmp_path):
 def test_conversations_beyond_the_server_are_predicted_with_checks_that_hold(tmp_path):
     config = conversations_config(_conversations_trace(tmp_path))
     to_predict = replayable.sharegpt_cells_to_predict(config, [1, 3], None)
-    comparison = SimpleNamespace(profile=PROFILE, terms=served.ServerTerms(0.01, 0.002))
-    curves = served.predict_cells(to_predict, SETTINGS, comparison)
+    terms = served.ServerTerms(0.01, 0.002)
+    curves = served.predict_cells(
+        to_predict, SETTINGS, SimpleNamespace(profile=PROFILE, terms=terms)
+    )
     assert len(curves) == 4 and (curves["requests"] == 10).all()
     off = curves[curves["mode"] == "no_cache"]
     assert (off["hit_rate"] == 0).all()
@@ -580,6 +583,11 @@ def test_conversations_beyond_the_server_are_predicted_with_checks_that_hold(tmp
     assert one["hit_rate"] == pytest.approx(5 * 128 / (5 * (136 + 176)))
     checks = served.curve_checks(to_predict, curves, SETTINGS["block_size"])
     assert checks.table()["holds"].all()
+    # the same prediction from the profile and terms a comparison kept (notebook 12's way)
+    write_json(tmp_path / "profile.json", PROFILE.to_dict())
+    served.write_terms(tmp_path, terms, ["a fitted run"])
+    kept = served.predict_cells_validated_in(to_predict, SETTINGS, tmp_path)
+    pd.testing.assert_frame_equal(kept, curves)
     # a hit rate the replay did not reach is caught
     wrong = curves.assign(hit_rate=curves["hit_rate"] * 0.5)
     assert not served.curve_checks(to_predict, wrong, SETTINGS["block_size"]).table()["holds"].all()
@@ -679,3 +687,23 @@ def test_the_conversation_curves_plot_the_hit_rate_and_leave_other_workloads_out
         assert len(lines) == 2 and len(markers) == 4
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert labels == ["ShareGPT conversations, caching on", "ShareGPT conversations, caching off"]
+
+
+def test_hit_rates_set_the_servers_counters_beside_replay_and_an_ideal_cache():
+    table = pd.DataFrame(
+        [
+            {"mode": "cache", "hit_rate": 0.03, "predicted_hit_rate": 0.48},
+            {"mode": "no_cache", "hit_rate": float("nan"), "predicted_hit_rate": 0.48},
+        ]
+    )
+    predicted = pd.DataFrame(
+        [
+            {"mode": "cache", "warmup": False, "cached_tokens": 32, "prompt_tokens": 1000},
+            {"mode": "cache", "warmup": True, "cached_tokens": 900, "prompt_tokens": 1000},
+            {"mode": "no_cache", "warmup": False, "cached_tokens": 0, "prompt_tokens": 1000},
+        ]
+    )
+    rates = served.hit_rates(table, predicted)
+    assert rates.loc["cache"].tolist() == [0.03, 0.032, 0.48]  # the warm-up left out
+    assert rates.loc["no_cache", "server"] == 0.0 and rates.loc["no_cache", "replay"] == 0.0
+    assert pd.isna(rates.loc["no_cache", "ideal_cache"])  # no cache, no ideal to reach

@@ -91,3 +91,26 @@ def test_the_open_loop_runs_at_a_share_of_the_closed_loops_caching_off_rate():
     assert config.arrival_rate == rate and config.workload == "sharegpt"
     assert config.concurrency == (6,) and config.requests == 6  # a cap that never binds
     assert config.regimes() == (f"poisson{rate:g}",)
+
+
+def test_a_notebooks_conversations_to_predict_read_as_a_count():
+    assert study.conversations_to_predict(None) == study.PREDICTED_CONVERSATIONS
+    assert study.conversations_to_predict("all") is None  # every conversation of the trace
+    assert study.conversations_to_predict(12) == 12
+    for bad in (0, -3, "some", 2.5, True):
+        with pytest.raises(ValueError, match="predicted_conversations"):
+            study.conversations_to_predict(bad)
+
+
+def test_the_check_at_many_clients_runs_only_where_the_parameter_set_asks():
+    assert study.params("cpu").check_clients is None
+    assert study.params("cpu-study").check_clients == 64
+    # no check asked: nothing is measured (no server is even asked for)
+    assert study.sharegpt_check_section(None, study.params("cpu")) is None
+    config = study.sharegpt_check_config(study.params("cpu", check_clients=32), 32)
+    assert config.workload == "sharegpt" and config.concurrency == (32,)
+    assert config.requests == study.CHECK_CONVERSATIONS and config.arrival_rate is None
+    assert config.request_timeout_s == study.CHECK_REQUEST_TIMEOUT_S
+    # the same server flags as the notebook's other sections: the same pair serves it
+    closed = study.params("cpu").bench(workload="sharegpt")
+    assert config.server_config("m", "cache") == closed.server_config("m", "cache")

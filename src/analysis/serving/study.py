@@ -55,6 +55,9 @@ class StudyParams:
     kv_cache_memory_bytes: int | None = 512 * MIB
     gpu_memory_utilization: float | None = None
     enforce_eager: bool = True
+    # ShareGPT: closed-loop clients of notebook 10's real check of its prediction beyond the
+    # clients measured (None: no check; at 64 clients it takes about 20 minutes on 2 cores)
+    check_clients: int | None = None
 
     def bench(self, **changes: Any) -> serving.ServingBenchConfig:
         """A benchmark config with these server flags (the same for every section, so one
@@ -88,6 +91,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "min_requests": 96,
         "max_requests": 96,
         "thrash": True,
+        "check_clients": 64,
     },
     "gpu": {
         "model": "llama-3.1-8b",
@@ -337,6 +341,52 @@ def sharegpt_section(
 # finished in the closed loop: busy enough that arrivals queue with caching off, not so busy
 # that the queue only grows.
 OPEN_LOOP_LOAD = 0.8
+
+# What notebooks 10 and 12 predict of the conversations beyond what the server ran: closed
+# loops of these many clients over the trace's first PREDICTED_CONVERSATIONS conversations.
+PREDICTED_CLIENTS = (1, 2, 4, 8, 16, 32, 64)
+PREDICTED_CONVERSATIONS = 256
+
+
+# Notebook 10's check: conversations sent through `check_clients` clients, and the limits of
+# one run that long (a turn may queue behind most of the others).
+CHECK_CONVERSATIONS = 128
+CHECK_REQUEST_TIMEOUT_S = 600
+CHECK_RUN_DEADLINE_S = 3000
+
+
+def sharegpt_check_config(study: StudyParams, clients: int) -> serving.ServingBenchConfig:
+    """Notebook 10's check of its prediction where the server rarely goes: the trace's first
+    `CHECK_CONVERSATIONS` conversations through `clients` closed-loop clients, on and off."""
+    return study.bench(
+        workload="sharegpt",
+        concurrency=(clients,),
+        requests=CHECK_CONVERSATIONS,
+        request_timeout_s=CHECK_REQUEST_TIMEOUT_S,
+        run_deadline_s=CHECK_RUN_DEADLINE_S,
+    )
+
+
+def sharegpt_check_section(
+    pair: serving.ServerPair, study: StudyParams, *, force: bool = False
+) -> tuple[Any, serving.ServingBenchConfig] | None:
+    """The check's measured table and configuration (None where `study.check_clients` is)."""
+    if study.check_clients is None:
+        return None
+    config = sharegpt_check_config(study, study.check_clients)
+    return serving.run_serving_bench(config, servers=pair, force=force, progress=False), config
+
+
+def conversations_to_predict(choice: int | str | None) -> int | None:
+    """A notebook's `predicted_conversations` parameter as a count: None for the default
+    (`PREDICTED_CONVERSATIONS`), "all" for every conversation of the trace (None here)."""
+    if choice is None:
+        return PREDICTED_CONVERSATIONS
+    if choice == "all":
+        return None
+    if isinstance(choice, bool) or not isinstance(choice, int) or choice < 1:
+        raise ValueError(f"predicted_conversations: a count >= 1, 'all' or None, got {choice!r}")
+    return choice
 
 
 def open_loop_rate(closed_loop: Any, chosen: Plan) -> float:

@@ -106,6 +106,12 @@ def with_server(profile: StepCostProfile, terms: ServerTerms) -> StepCostProfile
     return replace(profile, coefficients=coefficients)
 
 
+def replayed_pool_blocks(settings: dict[str, Any]) -> int:
+    """The KV pool replay gives a server: its own in blocks where its bytes are known, else
+    NUM_BLOCKS (a GPU server sizes its pool from free memory at start-up)."""
+    return int(settings.get("num_blocks", NUM_BLOCKS))
+
+
 def cell_trace(requests: pd.DataFrame, concurrency: int, stagger_s: float = 0.0) -> pd.DataFrame:
     """One repeat of a cell as a replay trace with timestamps: the warm-up alone at 0, then
     each client's requests as one conversation whose turns all fall due at MEASURED_AFTER_S
@@ -168,7 +174,7 @@ def replay_cell(
         think_time_s=terms.frontend_s,
         prefix_caching=cell["mode"] == "cache",
         clock=str(profile_path),
-        **{"num_blocks": NUM_BLOCKS, **settings},
+        **{**settings, "num_blocks": replayed_pool_blocks(settings)},
     )
     trace = (
         conversation_trace(requests)
@@ -654,12 +660,28 @@ def predict_cells(
     to_predict: pd.DataFrame, settings: dict[str, Any], comparison: ServedComparison
 ) -> pd.DataFrame:
     """Cells no server ran, on the clock and server terms that `comparison` validated."""
+    return _predicted_cells(to_predict, settings, comparison.profile, comparison.terms)
+
+
+def predict_cells_validated_in(
+    to_predict: pd.DataFrame, settings: dict[str, Any], calibration: Path
+) -> pd.DataFrame:
+    """Cells no server ran, on the profile and server terms a comparison kept in
+    `calibration` (notebook 12 reads notebook 10's predictions this way)."""
+    profile, terms = read_validated(calibration)
+    return _predicted_cells(to_predict, settings, profile, terms)
+
+
+def _predicted_cells(
+    to_predict: pd.DataFrame,
+    settings: dict[str, Any],
+    profile: StepCostProfile,
+    terms: ServerTerms,
+) -> pd.DataFrame:
     import tempfile
 
     with tempfile.TemporaryDirectory() as scratch:
-        predicted = replay_cells(
-            to_predict, settings, comparison.profile, comparison.terms, Path(scratch)
-        )
+        predicted = replay_cells(to_predict, settings, profile, terms, Path(scratch))
     return predicted_statistics(predicted)
 
 
@@ -746,6 +768,22 @@ def curve_checks(to_predict: pd.DataFrame, curves: pd.DataFrame, block_size: int
     return result
 
 
+def hit_rates(table: pd.DataFrame, predicted: pd.DataFrame) -> pd.DataFrame:
+    """Per mode, the share of prompt tokens served from the cache: by the server's counters,
+    by replay of the same requests, and by an ideal cache of these prompts (the table's
+    `predicted_hit_rate`; caching off has none)."""
+    requests = predicted[~predicted["warmup"]]
+    replayed = (
+        requests.groupby("mode")["cached_tokens"].sum()
+        / requests.groupby("mode")["prompt_tokens"].sum()
+    )
+    rows = table.set_index("mode")
+    ideal = rows["predicted_hit_rate"].where(rows.index == "cache")
+    return pd.DataFrame(
+        {"server": rows["hit_rate"].fillna(0.0), "replay": replayed, "ideal_cache": ideal}
+    ).rename_axis("mode")
+
+
 def _one_client_bounds(sent: pd.DataFrame, block_size: int) -> tuple[float, float]:
     """Hit rates that bound one client's, whose requests go one at a time in `sent`'s order:
     at least each conversation's hits on its own earlier turns (still in a pool that holds one
@@ -801,7 +839,7 @@ def pool_reading(curves: pd.DataFrame, pool_blocks: int, block_size: int) -> str
     return text + (
         f"Nothing was preempted, so the hits were lost to eviction: with {most} conversations "
         f"in flight, the pool of {pool} evicts a conversation's blocks (least recently used "
-        "first) before its next turn arrives."
+        "first) before its next turn is scheduled."
     )
 
 
