@@ -56,7 +56,7 @@ class StudyParams:
     gpu_memory_utilization: float | None = None
     enforce_eager: bool = True
     # ShareGPT: closed-loop clients of notebook 10's real check of its prediction beyond the
-    # clients measured (None: no check; at 64 clients it takes about 20 minutes on 2 cores)
+    # clients measured (None: no check; 64 clients took 20 minutes on a 2-core AMD EPYC)
     check_clients: int | None = None
 
     def bench(self, **changes: Any) -> serving.ServingBenchConfig:

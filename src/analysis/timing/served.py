@@ -736,9 +736,9 @@ def curves_reading(curves: pd.DataFrame, table: pd.DataFrame) -> str:
 
 def curve_checks(to_predict: pd.DataFrame, curves: pd.DataFrame, block_size: int) -> Checks:
     """What holds of predicted cells whatever the clock: each predicted every request it
-    sent; caching off served nothing from the cache; and one client, caching on, hit exactly
-    what an infinite cache would (one request at a time, a conversation's history is still in
-    the pool at its next turn)."""
+    sent; caching off served nothing from the cache; and one client, caching on (one request
+    at a time, so the clock decides nothing), hit between what each conversation's own history
+    gives and what an infinite cache gives (`_one_client_bounds`)."""
     sent = to_predict[~to_predict["warmup"]].groupby(CELL_KEYS, sort=False).size()
     got = curves.set_index(CELL_KEYS)["requests"]
     result = Checks()
@@ -830,7 +830,7 @@ def pool_reading(curves: pd.DataFrame, pool_blocks: int, block_size: int) -> str
     )
     pool = f"{pool_blocks:,} blocks of {block_size} tokens ({pool_blocks * block_size:,} tokens)"
     if last["hit_rate"] >= 0.5 * first["hit_rate"]:
-        return text + f"The pool of {pool} kept most of the reuse at every client count shown."
+        return text + f"The pool of {pool} kept at least half of the reuse at {most} clients."
     if last["preempted_share"] > 0:
         return text + (
             f"The pool of {pool} is too small for {most} clients: requests are preempted and "
