@@ -636,22 +636,29 @@ def test_the_pool_reading_names_what_took_the_hits_from_the_numbers():
     assert "kept at least half of the reuse at 64 clients" in kept
 
 
-def test_the_curves_reading_of_conversations_leaves_the_open_loop_out():
-    curves = _pool_curves(0.05, 0.0)
-    table = pd.DataFrame(
+def _closed_and_open_cells(statistics, **columns) -> pd.DataFrame:
+    """A comparison table's rows for the server's ShareGPT cells: a closed loop of 4 clients
+    and an open loop capped at 6, both modes; a column's value may differ by regime (a dict)."""
+    return pd.DataFrame(
         [
             {
-                "mode": m,
+                "mode": mode,
                 "prefix_regime": regime,
-                "concurrency": c,
-                "family": "held out",
-                "statistic": "p50_ttft",
-                "error": error,
+                "concurrency": clients,
+                "statistic": statistic,
+                **{k: v[regime] if isinstance(v, dict) else v for k, v in columns.items()},
             }
-            for m in ("cache", "no_cache")
-            for regime, c, error in (("sharegpt", 4, 0.03), ("poisson0.53", 6, 0.5))
+            for mode in ("cache", "no_cache")
+            for regime, clients in (("sharegpt", 4), ("poisson0.53", 6))
+            for statistic in statistics
         ]
     )
+
+
+def test_the_curves_reading_of_conversations_leaves_the_open_loop_out():
+    curves = _pool_curves(0.05, 0.0)
+    errors = {"sharegpt": 0.03, "poisson0.53": 0.5}
+    table = _closed_and_open_cells(["p50_ttft"], family="held out", error=errors)
     text = served.curves_reading(curves, table)
     assert "At 64 clients on the ShareGPT conversations" in text
     assert "up to 4 clients" in text and "p50_ttft +3%" in text and "+50%" not in text
@@ -661,21 +668,8 @@ def test_the_conversation_curves_plot_the_hit_rate_and_leave_other_workloads_out
     from analysis.plots import timing as timing_plots
 
     curves = _pool_curves(0.05, 0.0)
-    table = pd.DataFrame(
-        [
-            {
-                "mode": m,
-                "prefix_regime": regime,
-                "concurrency": c,
-                "statistic": statistic,
-                "measured_median_of_repeats": 0.5,
-                "predicted": 0.45,
-            }
-            for m in ("cache", "no_cache")
-            for regime, c in (("sharegpt", 4), ("poisson0.53", 6))
-            for statistic in ("p50_ttft", "throughput_req", "hit_rate")
-        ]
-    )
+    statistics = ["p50_ttft", "throughput_req", "hit_rate"]
+    table = _closed_and_open_cells(statistics, measured_median_of_repeats=0.5, predicted=0.45)
     panels = {**timing_plots.CURVE_PANELS, **timing_plots.HIT_RATE_PANEL}
     fig = timing_plots.served_curves_figure(curves, table, panels)
     assert len(fig.axes) == 3
