@@ -96,27 +96,36 @@ check: setup ## the inner loop: lint + the tests that start no vLLM engine, sche
 JUNIT := reports/junit
 # nbval's notebooks save their figures under reports/ (not committed), so that a test run leaves
 # the committed figures as they were; their kernels start over IPC (notebooks/conftest.py).
-# One notebook at a time: a notebook already fills the cores (the sweep's worker processes, a
-# pair of real servers), and two side by side on pytest-xdist ran nbval slower, not faster;
-# nbval beside pytest made a fresh `bash .ci/run` slower too (23m32s, against 21m46s-22m54s one
-# after the other, on a 2-core AMD EPYC): pytest leaves cores idle, but less than they cost.
+# The notebooks run as `make report` runs them (`python -m analysis report --plan`, from
+# analysis.report.schedule): the ones that time a real server or engine, and those that make
+# the inputs, one at a time with nothing beside them; runs of the others side by side, one per
+# core (at most 4), on pytest-xdist. Each run writes its own junit file, in order; a failing
+# run does not stop the ones after it.
 NBVAL_PYTEST := PREFIX_CACHE_LAB_FIGURES=reports/nbval-figures $(VENV)/bin/pytest --nbval \
   --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout 1200 \
-  -p no:cacheprovider --durations=15 --junitxml=$(JUNIT)/nbval.xml notebooks
+  -p no:cacheprovider --durations=15
+NOTEBOOK_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
+define nbval_runs
+plan=$$($(PY) -m analysis report --plan) && [ -n "$$plan" ] || { echo "no nbval plan" >&2; exit 2; }; \
+i=0; rc=0; while read -r how files; do i=$$((i + 1)); \
+  if [ "$$how" = shared ]; then side="-n $(NOTEBOOK_WORKERS) --dist loadfile"; else side=""; fi; \
+  $(NBVAL_PYTEST) $$side --junitxml=$(JUNIT)/nbval-$$i.xml $$files || rc=$$?; \
+done <<< "$$plan"; exit $$rc
+endef
 
 .PHONY: test
 test: setup $(VENV)/.installed-extra-ray ## ruff + pytest (real vLLM and Ray included) + nbval, then where the time went
 	$(MAKE) --no-print-directory lint
-	rm -f $(JUNIT)/pytest.xml $(JUNIT)/nbval.xml
+	rm -f $(JUNIT)/pytest.xml $(JUNIT)/nbval*.xml
 	rc=0; $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --durations=15 \
 	    --junitxml=$(JUNIT)/pytest.xml || rc=$$?; \
-	  if [ $$rc -eq 0 ]; then $(NBVAL_PYTEST) || rc=$$?; fi; \
+	  if [ $$rc -eq 0 ]; then ( $(nbval_runs) ) || rc=$$?; fi; \
 	  $(PY) -m analysis durations test; exit $$rc
 
 .PHONY: nbval
 nbval: setup ## re-execute the committed notebooks and compare their outputs, then each one's time
-	rm -f $(JUNIT)/pytest.xml $(JUNIT)/nbval.xml
-	rc=0; $(NBVAL_PYTEST) || rc=$$?; $(PY) -m analysis durations test; exit $$rc
+	rm -f $(JUNIT)/pytest.xml $(JUNIT)/nbval*.xml
+	rc=0; ( $(nbval_runs) ) || rc=$$?; $(PY) -m analysis durations test; exit $$rc
 
 # A GPU machine set up with `make setup VARIANT=gpu` keeps its CUDA environment here.
 GPU_CHECK_STAMP := $(if $(wildcard $(VENV)/.installed-gpu),$(VENV)/.installed-gpu,$(STAMP))

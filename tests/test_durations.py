@@ -38,7 +38,7 @@ def test_junit_files_give_phases_slowest_tests_and_each_notebook(root: Path) -> 
     folder = durations.junit_dir()
     folder.mkdir(parents=True)
     (folder / durations.PYTEST_XML).write_text(PYTEST_XML)
-    (folder / durations.NBVAL_XML).write_text(NBVAL_XML)
+    (folder / "nbval-1.xml").write_text(NBVAL_XML)
     rows, recorded = durations.from_junit_dir()
     assert recorded == "2026-01-02T03:04:05+00:00"
     by_section = {}
@@ -62,7 +62,7 @@ def test_junit_files_give_phases_slowest_tests_and_each_notebook(root: Path) -> 
 def test_the_command_prints_the_table_and_writes_the_csv(root: Path, capsys) -> None:
     folder = durations.junit_dir()
     folder.mkdir(parents=True)
-    (folder / durations.NBVAL_XML).write_text(NBVAL_XML)  # `make nbval` alone: no pytest file
+    (folder / "nbval-1.xml").write_text(NBVAL_XML)  # `make nbval` alone: no pytest file
     assert cli.main(["durations"]) == 0
     out = capsys.readouterr().out
     assert "04-why-few-blocks.ipynb" in out and "30 s" in out and "  pytest " not in out
@@ -77,6 +77,27 @@ def test_the_command_prints_the_table_and_writes_the_csv(root: Path, capsys) -> 
     ]
     assert {r["recorded"] for r in written} == {"2026-01-02T03:06:00+00:00"}
     assert durations.read_csv(path)[0] == durations.Row("phase", "nbval", 40.0)
+
+
+def test_nbval_runs_count_as_one_phase_in_order(root: Path) -> None:
+    """nbval runs once per run of notebooks (alone or side by side): one phase, their wall
+    times summed, every notebook's cells, the first run's start."""
+    folder = durations.junit_dir()
+    folder.mkdir(parents=True)
+    later = NBVAL_XML.replace("2026-01-02T03:06:00", "2026-01-02T03:07:00").replace(
+        "00-download-sharegpt", "13-fleet"
+    )
+    (folder / "nbval-10.xml").write_text(later.replace("04-why-few-blocks", "17-time"))
+    (folder / "nbval-2.xml").write_text(NBVAL_XML)
+    rows, recorded = durations.from_junit_dir()
+    assert recorded == "2026-01-02T03:06:00+00:00"
+    assert rows[0] == durations.Row("phase", "nbval", 80.0)
+    assert {r.name for r in rows if r.section == "notebook"} == {
+        "00-download-sharegpt.ipynb",
+        "04-why-few-blocks.ipynb",
+        "13-fleet.ipynb",
+        "17-time.ipynb",
+    }
 
 
 def test_no_junit_file_is_said_not_raised(root: Path, capsys) -> None:
@@ -100,6 +121,25 @@ def test_report_stages_are_tabled_and_written(root: Path, capsys) -> None:
     ]
 
 
+def test_notebooks_side_by_side_count_once_in_the_total(root: Path, capsys) -> None:
+    timings.begin()
+    timings.record("traces", 12.0)
+    timings.record("notebooks 02-07, 2 at a time", 50.0)
+    timings.record("notebook 02-identical-requests", 30.0, within="notebooks 02-07, 2 at a time")
+    timings.record("notebook 04-why-few-blocks", 40.0, within="notebooks 02-07, 2 at a time")
+    finished = timings.finish()
+    assert finished["total_s"] == 62.0
+    assert "\n  notebook 04-why-few-blocks  " in timings.table(finished)
+    assert timings.table(finished).splitlines()[-1].split() == ["total", "1m02s"]
+    assert durations.report_rows(finished) == [
+        durations.Row("stage", "traces", 12.0),
+        durations.Row("stage", "notebooks 02-07, 2 at a time", 50.0),
+        durations.Row("side by side", "notebook 02-identical-requests", 30.0),
+        durations.Row("side by side", "notebook 04-why-few-blocks", 40.0),
+        durations.Row("total", "total", 62.0),
+    ]
+
+
 def test_a_fresh_run_from_its_start_adds_its_set_up_and_total(root: Path, monkeypatch) -> None:
     """`.ci/run` gives the epoch second it started: set-up is what passed before pytest began,
     the total what passed until the table; the machine is recorded beside every row."""
@@ -108,7 +148,7 @@ def test_a_fresh_run_from_its_start_adds_its_set_up_and_total(root: Path, monkey
     folder = durations.junit_dir()
     folder.mkdir(parents=True)
     (folder / durations.PYTEST_XML).write_text(PYTEST_XML)
-    (folder / durations.NBVAL_XML).write_text(NBVAL_XML)
+    (folder / "nbval-1.xml").write_text(NBVAL_XML)
     began = datetime.fromisoformat("2026-01-02T03:04:05+00:00").timestamp()
     monkeypatch.setenv(durations.STARTED_ENV, str(began - 150.0))
     monkeypatch.setattr(durations, "machine_line", lambda: "Some CPU, AVX2")

@@ -44,6 +44,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "(cpu-study, gpu) into figures/<profile>/, figures included; the committed notebooks "
         "are left as they are",
     )
+    parser.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the runs the notebooks execute in (alone or side by side), one per line",
+    )
     parser.add_argument("--stage", default=None, help="with --run: the stage's name")
     parser.add_argument("--run", default=None, help="with --stage: a shell command to time")
 
@@ -52,8 +57,8 @@ def main(args: argparse.Namespace) -> int:
     from analysis.platform.errors import UsageError
     from analysis.platform.paths import reports_dir
     from analysis.platform.progress import interactive
-    from analysis.report import durations, timings
-    from analysis.report.notebooks import execute, progress_noise, report_notebooks, to_html
+    from analysis.report import durations, schedule, timings
+    from analysis.report.notebooks import execute, report_notebooks, to_html
     from analysis.report.server_keeper import ServerKeeper
 
     if args.begin:
@@ -68,6 +73,11 @@ def main(args: argparse.Namespace) -> int:
     notebooks = report_notebooks()
     if args.profile is not None:
         return run_study(args.profile, args.notebooks or list(STUDY_NOTEBOOKS))
+    if args.plan:
+        from analysis.platform.paths import repo_root
+
+        print("\n".join(schedule.plan_lines(notebooks, repo_root())), flush=True)
+        return 0
     if args.estimate:
         print(timings.estimate(notebooks, timings.pending_points(args.grid)), flush=True)
         return 0
@@ -76,20 +86,17 @@ def main(args: argparse.Namespace) -> int:
         if not notebooks:
             raise UsageError(f"no notebook matches {' '.join(args.notebooks)} in notebooks/")
     with ServerKeeper(notebooks) as keeper:
-        for notebook in notebooks:
-            print(f"executing {notebook.name} ...", flush=True)
-            keeper.before(notebook)
-            done = execute(notebook, progress=interactive())
-            keeper.after(notebook)
-            timings.record(f"notebook {notebook.stem}", done.seconds)
-            note = timings.overrun(done.seconds, timings.stated_seconds(notebook))
-            print(
-                f"  {notebook.name}: {timings.format_seconds(done.seconds)}"
-                + (f" ({note})" if note else ""),
-                flush=True,
-            )
-            for noise in progress_noise(notebook):
-                print(f"  progress-bar noise in its stderr: {noise!r}", flush=True)
+        for run in schedule.runs(notebooks):
+            if run.side_by_side:
+                execute_side_by_side(run)
+                continue
+            for notebook in run.notebooks:
+                print(f"executing {notebook.name} ...", flush=True)
+                keeper.before(notebook)
+                done = execute(notebook, progress=interactive())
+                keeper.after(notebook)
+                timings.record(f"notebook {notebook.stem}", done.seconds)
+                say_done(notebook, done.seconds)
     if not args.no_html:
         started = time.perf_counter()
         index = to_html(report_notebooks())
@@ -102,6 +109,47 @@ def main(args: argparse.Namespace) -> int:
     print("\nTime per stage:\n" + timings.table(finished))
     print(f"(also in {timings.timings_path()} and {csv})")
     return 0
+
+
+def execute_side_by_side(run) -> None:
+    """Execute a run's notebooks a few at a time (`schedule`), each from its own thread (a
+    kernel of its own does the work). The run's wall time is its stage; each notebook's own
+    time is recorded inside it, so that the total counts the run once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from analysis.report import schedule, timings
+    from analysis.report.notebooks import execute
+
+    workers = schedule.side_by_side_workers()
+    names = ", ".join(p.name for p in run.notebooks)
+    print(f"executing {names}, {workers} at a time ...", flush=True)
+    started = time.perf_counter()
+
+    def one(notebook):
+        done = execute(notebook, progress=False)
+        say_done(notebook, done.seconds)
+        return notebook, done.seconds
+
+    with ThreadPoolExecutor(workers) as pool:
+        finished = list(pool.map(one, run.notebooks))
+    stage = f"{run.name}, {workers} at a time"
+    timings.record(stage, time.perf_counter() - started)
+    for notebook, seconds in finished:
+        timings.record(f"notebook {notebook.stem}", seconds, within=stage)
+
+
+def say_done(notebook, seconds: float) -> None:
+    """A notebook's time, with a note when it took clearly longer than its first cell says."""
+    from analysis.report import timings
+    from analysis.report.notebooks import progress_noise
+
+    note = timings.overrun(seconds, timings.stated_seconds(notebook))
+    print(
+        f"  {notebook.name}: {timings.format_seconds(seconds)}" + (f" ({note})" if note else ""),
+        flush=True,
+    )
+    for noise in progress_noise(notebook):
+        print(f"  progress-bar noise in its stderr: {noise!r}", flush=True)
 
 
 def run_study(profile: str, prefixes: list[str]) -> int:

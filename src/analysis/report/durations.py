@@ -22,7 +22,8 @@ from analysis.platform.paths import reports_dir
 
 JUNIT_DIR = "junit"
 PYTEST_XML = "pytest.xml"
-NBVAL_XML = "nbval.xml"
+# nbval runs once per run of notebooks (`analysis.report.schedule`): nbval-1.xml, nbval-2.xml...
+NBVAL_GLOB = "nbval-*.xml"
 TEST_CSV = "test-times.csv"
 REPORT_CSV = "report-times.csv"
 SLOWEST = 15
@@ -34,7 +35,7 @@ STARTED_ENV = "PREFIX_CACHE_LAB_TEST_STARTED"
 
 @dataclass(frozen=True)
 class Row:
-    section: str  # phase, test, notebook (make test); stage, total (make report)
+    section: str  # phase, test, notebook (make test); stage, side by side, total (make report)
     name: str
     seconds: float
 
@@ -61,6 +62,15 @@ def read_junit(path: Path) -> Suite:
     seconds = sum(float(s.get("time") or 0.0) for s in suites)
     timestamp = next((s.get("timestamp") for s in suites if s.get("timestamp")), "")
     return Suite(seconds, timestamp, cases)
+
+
+def merged(suites: list[Suite]) -> Suite | None:
+    """Suites run one after another as one: their wall times summed, the first one's start."""
+    if not suites:
+        return None
+    timestamp = next((s.timestamp for s in suites if s.timestamp), "")
+    cases = [case for s in suites for case in s.cases]
+    return Suite(sum(s.seconds for s in suites), timestamp, cases)
 
 
 def _node_id(case: ET.Element) -> str:
@@ -98,13 +108,20 @@ def junit_rows(pytest: Suite | None, nbval: Suite | None, slowest: int = SLOWEST
 
 
 def report_rows(timings: dict[str, Any]) -> list[Row]:
-    """`make report`'s stages in the order they ran, and their total."""
+    """`make report`'s stages in the order they ran (a notebook executed side by side with
+    others is a row of section "side by side", after its run's stage), and their total."""
+    from analysis.report.timings import counted
+
     stages = timings.get("stages", [])
     rows = [
-        Row("stage", s["stage"] + ("" if s.get("ok", True) else " (failed)"), s["seconds"])
+        Row(
+            "side by side" if s.get("within") else "stage",
+            s["stage"] + ("" if s.get("ok", True) else " (failed)"),
+            s["seconds"],
+        )
         for s in stages
     ]
-    rows.append(Row("total", "total", sum(s["seconds"] for s in stages)))
+    rows.append(Row("total", "total", sum(s["seconds"] for s in counted(stages))))
     return rows
 
 
@@ -150,6 +167,12 @@ def machine_line() -> str:
     return ", ".join(part for part in (facts.cpu_name.strip(), facts.cpu_capability) if part)
 
 
+def _run_order(path: Path) -> tuple[int, str]:
+    """nbval-2.xml before nbval-10.xml."""
+    digits = "".join(c for c in path.stem if c.isdigit())
+    return (int(digits) if digits else 0, path.name)
+
+
 def fresh_run_rows(pytest: Suite | None, started: float, ended: float) -> list[Row]:
     """A run timed from its start (`STARTED_ENV`): the set-up before pytest, and the total."""
     from datetime import datetime
@@ -174,13 +197,13 @@ def from_junit_dir(
     with the epoch second the run `started`, its set-up and total as well."""
     folder = folder or junit_dir()
     suites = {
-        name: read_junit(folder / name) if (folder / name).is_file() else None
-        for name in (PYTEST_XML, NBVAL_XML)
+        name: merged([read_junit(path) for path in sorted(folder.glob(name), key=_run_order)])
+        for name in (PYTEST_XML, NBVAL_GLOB)
     }
     if not any(suites.values()):
         return None
     recorded = next((s.timestamp for s in suites.values() if s is not None and s.timestamp), "")
-    rows = junit_rows(suites[PYTEST_XML], suites[NBVAL_XML])
+    rows = junit_rows(suites[PYTEST_XML], suites[NBVAL_GLOB])
     if started is not None:
         import time
 

@@ -554,16 +554,26 @@ def report_times(root: Path) -> str:
     if total is None:
         raise SourceError(f"{REPORT_TIMES} has no total: it was not a whole `make report`")
     stages = {r["name"]: float(r["seconds"]) for r in rows if r["section"] == "stage"}
-    notebooks = {k: v for k, v in stages.items() if k.startswith("notebook ")}
+    # the notebooks' wall time: the ones run alone and the runs of them side by side
+    notebooks_wall = sum(v for k, v in stages.items() if k.startswith("notebook"))
+    notebooks = {
+        r["name"]: float(r["seconds"])
+        for r in rows
+        if r["name"].startswith("notebook ") and r["section"] in ("stage", "side by side")
+    }
     slowest = sorted(notebooks.items(), key=lambda item: -item[1])[:4]
     named = ", ".join(
         f"{name.split()[1].split('-')[0]} {format_seconds(seconds)}" for name, seconds in slowest
+    )
+    runs = [k for k in stages if k.startswith("notebooks ")]
+    together = (
+        f", runs {' and '.join(r.split(',')[0][10:] for r in runs)} side by side" if runs else ""
     )
     parts = [
         f"set-up {format_seconds(stages['environment set-up'])}",
         f"traces {format_seconds(stages['traces'])}",
         f"sweep {format_seconds(stages['sweep'])}",
-        f"{len(notebooks)} notebooks {format_seconds(sum(notebooks.values()))}",
+        f"{len(notebooks)} notebooks {format_seconds(notebooks_wall)}{together}",
     ]
     first = rows[0]
     return (

@@ -68,16 +68,26 @@ def current() -> dict[str, Any]:
     return timings
 
 
-def record(stage: str, seconds: float, ok: bool = True) -> None:
+def record(stage: str, seconds: float, ok: bool = True, within: str | None = None) -> None:
+    """A stage's wall time; `within`: the stage it ran inside (a notebook executed side by side
+    with others, inside their run), which the total does not count again."""
     timings = current()
-    timings["stages"].append({"stage": stage, "seconds": round(seconds, 1), "ok": ok})
+    entry = {"stage": stage, "seconds": round(seconds, 1), "ok": ok}
+    if within is not None:
+        entry["within"] = within
+    timings["stages"].append(entry)
     save(timings)
+
+
+def counted(stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The stages that make up the total: not the ones that ran inside another."""
+    return [s for s in stages if not s.get("within")]
 
 
 def finish() -> dict[str, Any]:
     timings = current()
     timings["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    timings["total_s"] = round(sum(s["seconds"] for s in timings["stages"]), 1)
+    timings["total_s"] = round(sum(s["seconds"] for s in counted(timings["stages"])), 1)
     save(timings)
     return timings
 
@@ -96,14 +106,16 @@ def run_stage(stage: str, command: str) -> int:
 
 
 def table(timings: dict[str, Any]) -> str:
-    """The per-stage time table, printed at the end of `make report`."""
+    """The per-stage time table, printed at the end of `make report`: a run of notebooks
+    executed side by side, then each of them indented under it (their times overlap)."""
     stages = timings.get("stages", [])
-    width = max([len(s["stage"]) for s in stages] + [len("total")])
+    width = max([len(s["stage"]) + (2 if s.get("within") else 0) for s in stages] + [5])
     lines = [f"{'stage':<{width}}  {'time':>8}"]
     for s in stages:
         flag = "" if s.get("ok", True) else "  (failed)"
-        lines.append(f"{s['stage']:<{width}}  {format_seconds(s['seconds']):>8}{flag}")
-    total = sum(s["seconds"] for s in stages)
+        name = f"  {s['stage']}" if s.get("within") else s["stage"]
+        lines.append(f"{name:<{width}}  {format_seconds(s['seconds']):>8}{flag}")
+    total = sum(s["seconds"] for s in counted(stages))
     lines.append(f"{'total':<{width}}  {format_seconds(total):>8}")
     return "\n".join(lines)
 
@@ -154,7 +166,7 @@ def estimate(notebooks: list[Path], pending_points: dict[str, int] | None) -> st
     if previous and previous.get("stages"):
         same = previous.get("machine") == machine
         note = "" if same else " (machine or dtype differed)"
-        total = sum(s["seconds"] for s in previous["stages"])
+        total = sum(s["seconds"] for s in counted(previous["stages"]))
         lines.append(f"  the last finished run here took {format_seconds(total)}{note}; per stage:")
         lines += ["    " + row for row in table(previous).splitlines()]
     stated = {p.name: stated_seconds(p) for p in notebooks}

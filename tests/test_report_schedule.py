@@ -1,0 +1,111 @@
+"""Which notebooks run side by side (`analysis.report.schedule`), and `python -m analysis report`
+executing a run of them at once: the ones that time a real server alone, the others sharing the
+cores, the total counting a shared run once. nbval follows the same plan (`--plan`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from analysis.report import schedule
+from analysis.report.notebooks import report_notebooks
+
+
+def names(run: schedule.Run) -> list[str]:
+    return [p.name[:2] for p in run.notebooks]
+
+
+def test_the_committed_notebooks_fall_into_four_runs() -> None:
+    runs = schedule.runs(report_notebooks())
+    assert [(names(r), r.side_by_side) for r in runs] == [
+        (["00", "01"], False),
+        (["02", "03", "04", "05", "06", "07"], True),
+        (["08", "09", "10", "11", "12"], False),
+        (["13", "14", "15", "16", "17"], True),
+    ]
+    assert [r.name for r in runs] == [
+        "notebooks 00-01",
+        "notebooks 02-07",
+        "notebooks 08-12",
+        "notebooks 13-17",
+    ]
+
+
+def test_a_lone_shareable_notebook_runs_alone_and_order_is_kept() -> None:
+    given = [Path(f"{n}-x.ipynb") for n in ("07", "08", "13", "12", "14", "15")]
+    runs = schedule.runs(given)
+    assert [(names(r), r.side_by_side) for r in runs] == [
+        (["07"], False),
+        (["08"], False),
+        (["13"], False),
+        (["12"], False),
+        (["14", "15"], True),
+    ]
+    assert [p for r in runs for p in r.notebooks] == given
+
+
+@pytest.mark.parametrize(("cores", "workers"), [(1, 1), (2, 2), (3, 3), (16, 4)])
+def test_one_notebook_per_core_at_most_four(cores: int, workers: int, monkeypatch) -> None:
+    monkeypatch.delenv(schedule.WORKERS_ENV, raising=False)
+    assert schedule.side_by_side_workers(cores) == workers
+
+
+def test_the_plan_lines_name_paths_from_the_root(tmp_path: Path) -> None:
+    given = [tmp_path / "notebooks" / f"{n}-x.ipynb" for n in ("01", "02", "03")]
+    assert schedule.plan_lines(given, tmp_path) == [
+        "alone notebooks/01-x.ipynb",
+        "shared notebooks/02-x.ipynb notebooks/03-x.ipynb",
+    ]
+
+
+# Each stand-in notebook says it started, then waits (at most a minute) until the other one
+# has too: run one after another, the first would wait in vain and fail.
+MEET = """import pathlib, time
+here, other = pathlib.Path("{me}.started"), pathlib.Path("{other}.started")
+here.touch()
+deadline = time.monotonic() + 60
+while not other.exists():
+    assert time.monotonic() < deadline, "the other notebook never ran beside this one"
+    time.sleep(0.05)
+print("met")"""
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    for me, other in (("97", "98"), ("98", "97")):
+        cell = nbformat.v4.new_code_cell(MEET.format(me=me, other=other))
+        notebook = nbformat.v4.new_notebook(cells=[cell])
+        notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+        nbformat.write(notebook, notebooks / f"{me}-meet.ipynb")
+    return tmp_path
+
+
+def test_report_runs_shareable_notebooks_side_by_side_and_counts_them_once(root: Path) -> None:
+    env = dict(os.environ, PREFIX_CACHE_LAB_ROOT=str(root), **{schedule.WORKERS_ENV: "2"})
+    done = subprocess.run(
+        [sys.executable, "-m", "analysis", "report", "--no-html"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "executing 97-meet.ipynb, 98-meet.ipynb, 2 at a time" in done.stdout
+    for name in ("97-meet.ipynb", "98-meet.ipynb"):
+        executed = nbformat.read(root / "notebooks" / name, as_version=4)
+        assert executed.cells[0].outputs[0]["text"] == "met\n"
+    record = json.loads((root / "reports" / "timings.json").read_text())
+    stages = record["stages"]
+    assert stages[0]["stage"] == "notebooks 97-98, 2 at a time"
+    assert [s.get("within") for s in stages[1:]] == [stages[0]["stage"]] * 2
+    assert record["total_s"] == stages[0]["seconds"]
+    assert record["total_s"] < stages[1]["seconds"] + stages[2]["seconds"]
