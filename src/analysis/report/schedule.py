@@ -2,10 +2,12 @@
 
 Notebooks 08, 10, 11 and 12 time a real vLLM server or engine (12 reads what the others
 cached, and measures what it does not find): nothing may run beside them, or the cores they
-share would show in their times. Notebooks 00 and 01 make what the others read (the packaged
-ShareGPT, the traces): they run first. Every other notebook counts or replays, where time is
-not what it measures; consecutive ones share the cores, a few at a time. On a 2-core AMD EPYC,
-six of them took 87 s two at a time against 135 s one after another.
+share would show in their times. Notebooks 00, 01 and 04 make what others read (the packaged
+ShareGPT, the traces, the default sweep's points: 05 and 06 run what they miss of it, so that
+beside 04 they ran the same points again, 8 minutes each, and 07 draws what it finds): they run
+alone too. Every other notebook counts or replays, where time is not what it measures;
+consecutive ones share the cores, a few at a time. On a 2-core AMD EPYC, six of them took 87 s
+two at a time against 135 s one after another.
 
 So the notebooks, in reading order, fall into runs: a run of notebooks executed one after
 another, or a run executed side by side. Notebook 09 sits between 08 and 10, whose servers are
@@ -21,7 +23,7 @@ from pathlib import Path
 
 # The notebooks that run alone: the inputs' makers, then the serving study and what lies
 # between its notebooks.
-ALONE = ("00", "01", "08", "09", "10", "11", "12")
+ALONE = ("00", "01", "04", "08", "09", "10", "11", "12")
 # At most this many notebooks at once: each starts a kernel and imports vLLM (about 1 GiB), and
 # a sweep notebook starts its own workers besides.
 MOST_SIDE_BY_SIDE = 4
