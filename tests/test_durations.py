@@ -160,3 +160,28 @@ def test_a_fresh_run_from_its_start_adds_its_set_up_and_total(root: Path, monkey
     assert (written[-1]["section"], written[-1]["name"]) == ("total", "make test")
     assert float(written[-1]["seconds"]) > 150.0 + 95.5  # began long ago: now is later still
     assert {r["machine"] for r in written} == {"Some CPU, AVX2"}
+
+
+def test_the_readme_counts_a_side_by_side_run_once(tmp_path: Path) -> None:
+    """The README's line on a recorded `make report`: the notebooks' wall time counts a run of
+    them side by side once, and its notebooks still rank among the slowest."""
+    from analysis.report import readme_sections
+
+    path = tmp_path / readme_sections.REPORT_TIMES
+    path.parent.mkdir(parents=True)
+    rows = [
+        durations.Row("stage", "environment set-up", 50.0),
+        durations.Row("stage", "traces", 20.0),
+        durations.Row("stage", "sweep", 100.0),
+        durations.Row("stage", "notebook 08-ttft", 300.0),
+        durations.Row("stage", "notebooks 09, 13-14, 2 at a time", 120.0),
+        durations.Row("side by side", "notebook 13-fleet", 110.0),
+        durations.Row("side by side", "notebook 14-capacity", 40.0),
+        durations.Row("side by side", "notebook 09-seeds", 30.0),
+        durations.Row("total", "total", 590.0),
+    ]
+    durations.write_csv(rows, path, "2026-01-02T03:04:05+00:00")
+    line = readme_sections.report_times(tmp_path)
+    assert "took 9m50s" in line
+    assert "4 notebooks 7m00s, runs 09, 13-14 side by side" in line
+    assert "slowest notebooks: 08 5m00s, 13 1m50s, 14 40 s" in line

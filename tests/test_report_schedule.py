@@ -28,30 +28,43 @@ def test_the_committed_notebooks_fall_into_six_runs() -> None:
         (["02", "03"], True),
         (["04"], False),
         (["05", "06", "07"], True),
-        (["08", "09", "10", "11", "12"], False),
-        (["13", "14", "15", "16", "17"], True),
+        (["08", "10", "11", "12"], False),
+        (["09", "13", "14", "15", "16", "17"], True),
     ]
     assert [r.name for r in runs] == [
         "notebooks 00-01",
         "notebooks 02-03",
         "notebook 04",
         "notebooks 05-07",
-        "notebooks 08-12",
-        "notebooks 13-17",
+        "notebooks 08, 10-12",
+        "notebooks 09, 13-17",
     ]
 
 
 def test_a_lone_shareable_notebook_runs_alone_and_order_is_kept() -> None:
-    given = [Path(f"{n}-x.ipynb") for n in ("07", "08", "13", "12", "14", "15")]
+    given = [Path(f"{n}-x.ipynb") for n in ("03", "04", "07", "08", "14", "15")]
     runs = schedule.runs(given)
     assert [(names(r), r.side_by_side) for r in runs] == [
+        (["03"], False),
+        (["04"], False),
         (["07"], False),
         (["08"], False),
-        (["13"], False),
-        (["12"], False),
         (["14", "15"], True),
     ]
     assert [p for r in runs for p in r.notebooks] == given
+
+
+def test_what_sits_inside_the_serving_study_runs_after_it() -> None:
+    given = [Path(f"{n}-x.ipynb") for n in ("07", "08", "09", "10", "13")]
+    assert [p.name[:2] for p in schedule.execution_order(given)] == [
+        "07",
+        "08",
+        "10",
+        "09",
+        "13",
+    ]
+    alone = [Path(f"{n}-x.ipynb") for n in ("09", "13")]  # no study: reading order
+    assert schedule.execution_order(alone) == alone
 
 
 @pytest.mark.parametrize(("cores", "workers"), [(1, 1), (2, 2), (3, 3), (16, 4)])

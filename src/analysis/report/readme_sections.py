@@ -565,10 +565,13 @@ def report_times(root: Path) -> str:
     named = ", ".join(
         f"{name.split()[1].split('-')[0]} {format_seconds(seconds)}" for name, seconds in slowest
     )
-    runs = [k for k in stages if k.startswith("notebooks ")]
-    together = (
-        f", runs {' and '.join(r.split(',')[0][10:] for r in runs)} side by side" if runs else ""
-    )
+    # "notebooks 09, 13-17, 2 at a time" -> "09, 13-17"
+    runs = [
+        k.rsplit(",", 1)[0].removeprefix("notebooks ")
+        for k in stages
+        if k.startswith("notebooks ") and k.endswith(" at a time")
+    ]
+    together = f", runs {' and '.join(runs)} side by side" if runs else ""
     parts = [
         f"set-up {format_seconds(stages['environment set-up'])}",
         f"traces {format_seconds(stages['traces'])}",

@@ -9,9 +9,10 @@ alone too. Every other notebook counts or replays, where time is not what it mea
 consecutive ones share the cores, a few at a time. On a 2-core AMD EPYC, six of them took 87 s
 two at a time against 135 s one after another.
 
-So the notebooks, in reading order, fall into runs: a run of notebooks executed one after
-another, or a run executed side by side. Notebook 09 sits between 08 and 10, whose servers are
-kept from one to the other (`server_keeper`): it runs alone, in the same run as they do.
+So the notebooks fall into runs: a run of notebooks executed one after another, or a run
+executed side by side. They keep their reading order, but for one move: a notebook that reads
+nothing of the serving study yet sits inside it (09, between 08 and 10) runs after it, beside
+the notebooks that follow.
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-# The notebooks that run alone: the inputs' makers, then the serving study and what lies
-# between its notebooks.
-ALONE = ("00", "01", "04", "08", "09", "10", "11", "12")
+# The notebooks that make what others read, and the serving study: they run alone.
+INPUTS = ("00", "01", "04")
+SERVING_STUDY = ("08", "10", "11", "12")
 # At most this many notebooks at once: each starts a kernel and imports vLLM (about 1 GiB), and
 # a sweep notebook starts its own workers besides.
 MOST_SIDE_BY_SIDE = 4
@@ -40,23 +41,44 @@ class Run:
 
     @property
     def name(self) -> str:
-        """ "notebooks 02-07" (their numbers, first to last)."""
-        first, last = self.notebooks[0].name[:2], self.notebooks[-1].name[:2]
-        return f"notebook {first}" if first == last else f"notebooks {first}-{last}"
+        """ "notebook 04", "notebooks 02-07", "notebooks 09, 13-17": their numbers."""
+        numbers = [int(p.name[:2]) for p in self.notebooks]
+        spans: list[list[int]] = []
+        for number in numbers:
+            if spans and number == spans[-1][-1] + 1:
+                spans[-1].append(number)
+            else:
+                spans.append([number])
+        words = [f"{s[0]:02d}" + (f"-{s[-1]:02d}" if len(s) > 1 else "") for s in spans]
+        return ("notebook " if len(numbers) == 1 else "notebooks ") + ", ".join(words)
 
 
 def runs(notebooks: Sequence[Path]) -> list[Run]:
-    """The notebooks, in the order given, as runs: the ones that run alone together, the others
-    side by side (a run of one is executed alone)."""
+    """The notebooks as runs: those that run alone together, the others side by side (a run of
+    one is executed alone), in the order given but for the serving study's interlopers."""
     result: list[Run] = []
-    for notebook in map(Path, notebooks):
-        shared = notebook.name[:2] not in ALONE
+    for notebook in execution_order(notebooks):
+        shared = notebook.name[:2] not in INPUTS + SERVING_STUDY
         if result and result[-1].side_by_side == shared:
             last = result.pop()
             result.append(Run((*last.notebooks, notebook), shared))
         else:
             result.append(Run((notebook,), shared))
     return [Run(r.notebooks, r.side_by_side and len(r.notebooks) > 1) for r in result]
+
+
+def execution_order(notebooks: Sequence[Path]) -> list[Path]:
+    """Reading order, with a shareable notebook that lies between the serving study's first
+    and last moved to just after the last: the study then runs as one, alone."""
+    paths = list(map(Path, notebooks))
+    study = [i for i, p in enumerate(paths) if p.name[:2] in SERVING_STUDY]
+    if not study:
+        return paths
+    first, last = study[0], study[-1]
+    inside = paths[first : last + 1]
+    interlopers = [p for p in inside if p.name[:2] not in SERVING_STUDY]
+    kept = [p for p in inside if p.name[:2] in SERVING_STUDY]
+    return paths[:first] + kept + interlopers + paths[last + 1 :]
 
 
 def side_by_side_workers(cores: int | None = None) -> int:
