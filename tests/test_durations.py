@@ -183,5 +183,5 @@ def test_the_readme_counts_a_side_by_side_run_once(tmp_path: Path) -> None:
     durations.write_csv(rows, path, "2026-01-02T03:04:05+00:00")
     line = readme_sections.report_times(tmp_path)
     assert "took 9m50s" in line
-    assert "4 notebooks 7m00s, runs 09, 13-14 side by side" in line
+    assert "4 notebooks 7m00s (one run of them side by side: 09, 13-14)" in line
     assert "slowest notebooks: 08 5m00s, 13 1m50s, 14 40 s" in line

@@ -527,7 +527,7 @@ def _seed_004(root: Path) -> list[str]:
 
 # -- how long a fresh `make test` took ----------------------------------------------------------
 
-TEST_TIMES = "data/external/ci/2026-11-28/make-test.csv"
+TEST_TIMES = "data/external/ci/2026-11-28-1633c7f/make-test.csv"
 
 
 def _recorded_rows(root: Path, relative: str, what: str) -> list[dict[str, str]]:
@@ -541,7 +541,7 @@ def _recorded_rows(root: Path, relative: str, what: str) -> list[dict[str, str]]
         return list(csv.DictReader(handle))
 
 
-REPORT_TIMES = "data/external/ci/2026-11-28/make-report.csv"
+REPORT_TIMES = "data/external/ci/2026-11-28-1633c7f/make-report.csv"
 
 
 def report_times(root: Path) -> str:
@@ -571,7 +571,8 @@ def report_times(root: Path) -> str:
         for k in stages
         if k.startswith("notebooks ") and k.endswith(" at a time")
     ]
-    together = f", runs {' and '.join(runs)} side by side" if runs else ""
+    count = {1: "one run", 2: "two runs", 3: "three runs"}.get(len(runs), f"{len(runs)} runs")
+    together = f" ({count} of them side by side: {'; '.join(runs)})" if runs else ""
     parts = [
         f"set-up {format_seconds(stages['environment set-up'])}",
         f"traces {format_seconds(stages['traces'])}",
