@@ -73,6 +73,15 @@ def test_one_notebook_per_core_at_most_four(cores: int, workers: int, monkeypatc
     assert schedule.side_by_side_workers(cores) == workers
 
 
+@pytest.mark.parametrize("value", ["0", "two", "-1"])
+def test_a_bad_worker_count_is_one_line(value: str, monkeypatch) -> None:
+    from analysis.platform.errors import UsageError
+
+    monkeypatch.setenv(schedule.WORKERS_ENV, value)
+    with pytest.raises(UsageError, match=schedule.WORKERS_ENV):
+        schedule.side_by_side_workers()
+
+
 def test_the_plan_lines_name_paths_from_the_root(tmp_path: Path) -> None:
     given = [tmp_path / "notebooks" / f"{n}-x.ipynb" for n in ("01", "02", "03")]
     assert schedule.plan_lines(given, tmp_path) == [

@@ -12,6 +12,11 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from analysis.report import schedule
 
 # The serving study: synthetic prefixes, real conversations, seed 004, the decision write-up.
 STUDY_NOTEBOOKS = ("08", "10", "11", "12")
@@ -111,7 +116,7 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def execute_side_by_side(run) -> None:
+def execute_side_by_side(run: schedule.Run) -> None:
     """Execute a run's notebooks a few at a time (`schedule`), each from its own thread (a
     kernel of its own does the work). The run's wall time is its stage; each notebook's own
     time is recorded inside it, so that the total counts the run once."""
@@ -138,7 +143,7 @@ def execute_side_by_side(run) -> None:
         timings.record(f"notebook {notebook.stem}", seconds, within=stage)
 
 
-def say_done(notebook, seconds: float) -> None:
+def say_done(notebook: Path, seconds: float) -> None:
     """A notebook's time, with a note when it took clearly longer than its first cell says."""
     from analysis.report import timings
     from analysis.report.notebooks import progress_noise

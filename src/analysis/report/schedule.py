@@ -86,7 +86,11 @@ def side_by_side_workers(cores: int | None = None) -> int:
     `WORKERS_ENV` says."""
     chosen = os.environ.get(WORKERS_ENV, "").strip()
     if chosen:
-        return max(1, int(chosen))
+        if not chosen.isdigit() or int(chosen) < 1:
+            from analysis.platform.errors import UsageError
+
+            raise UsageError(f"{WORKERS_ENV} must be a whole number >= 1, got {chosen!r}")
+        return int(chosen)
     cores = cores or os.cpu_count() or 1
     return max(1, min(cores, MOST_SIDE_BY_SIDE))
 
