@@ -104,7 +104,7 @@ JUNIT := reports/junit
 NBVAL_PYTEST := PREFIX_CACHE_LAB_FIGURES=reports/nbval-figures $(VENV)/bin/pytest --nbval \
   --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout 1200 \
   -p no:cacheprovider --durations=15
-NOTEBOOK_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
+NOTEBOOK_WORKERS ?= $(TEST_WORKERS)
 define nbval_runs
 plan=$$($(PY) -m analysis report --plan) && [ -n "$$plan" ] || { echo "no nbval plan" >&2; exit 2; }; \
 i=0; rc=0; while read -r how files; do i=$$((i + 1)); \
