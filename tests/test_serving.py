@@ -38,6 +38,7 @@ from analysis.serving import (
     study,
 )
 from analysis.serving import server as serving_server
+from analysis.serving.bench_run import synthetic_specs
 
 FAKE_SERVER = textwrap.dedent(
     """\
@@ -308,10 +309,11 @@ def test_run_ids_are_stable_and_change_with_what_shapes_a_run(tmp_path):
         serving.run_id(config, str(model), RunKey("cache", "2048", 1)),
         serving.run_id(serving.ServingBenchConfig(output_tokens=8), str(model), key),
         serving.run_id(config, str(model), key, workload_hash="abc"),
+        serving.run_id(serving.ServingBenchConfig(requests_per_client=3), str(model), key),
     }
     (model / "config.json").write_text('{"hidden_size": 16}')
     others.add(serving.run_id(config, str(model), key))
-    assert first not in others and len(others) == 6
+    assert first not in others and len(others) == 7
 
 
 def _summary(mode, regime, concurrency, ttft, req_s):
@@ -407,6 +409,30 @@ def test_calibration_scales_requests_and_timeouts_with_the_measured_speed():
     assert serving.plan_requests(slow, cells, 0.0) == 8  # the minimum, never zero
     assert serving.plan_requests(fast, cells, 1e6) == 32  # the maximum
     assert slow.timeout_s(2048, 4, 8) > fast.timeout_s(2048, 4, 8) >= 30.0
+
+
+def test_requests_per_client_floor_each_cell_not_the_whole_grid():
+    cal = serving.Calibration(
+        prefill_tok_s=1000.0, fixed_s=0.05, decode_step_s=0.05, probe_tokens=1024
+    )
+    one, four = (1048, 4, 1), (1048, 4, 4)
+    # the 4-client cell's floor of 12 spends the budget; the 1-client cell stays at the minimum
+    floor_only = 3 * 12 * cal.request_s(*four) + 3 * 4 * cal.request_s(*one)
+    chosen = serving.plan_requests(
+        cal, [one, four], floor_only, repeats=3, minimum=4, maximum=32, per_client=3
+    )
+    assert chosen == 4
+    more = serving.plan_requests(
+        cal, [one, four], 4 * floor_only, repeats=3, minimum=4, maximum=32, per_client=3
+    )
+    assert 4 < more <= 32
+    config = serving.ServingBenchConfig(requests=chosen, requests_per_client=3)
+    assert [config.requests_at(c) for c in (1, 2, 4, 8)] == [4, 6, 12, 24]
+    assert serving.ServingBenchConfig(requests=5).requests_at(8) == 5
+    sent = synthetic_specs(dataclasses.replace(config, prefixes=(256,)), RunKey("cache", "256", 4))
+    assert sum(not spec.warmup for spec in sent) == 12
+    with pytest.raises(ValueError, match="requests_per_client"):
+        serving.ServingBenchConfig(requests_per_client=-1)
 
 
 def test_server_flags_carry_the_load_format_and_per_request_cached_tokens():

@@ -31,6 +31,9 @@ class ServingBenchConfig:
     prefixes: tuple[int, ...] = (0, 512, 1024, 2048)  # synthetic only
     concurrency: tuple[int, ...] = (1, 8)
     requests: int = 8  # measured requests per run; sharegpt: conversations per run
+    # synthetic: at least this many measured requests per client, so that every cell goes
+    # round its clients as often (0: `requests` in every cell)
+    requests_per_client: int = 0
     modes: tuple[str, ...] = MODES
     suffix_tokens: int = 24
     output_tokens: int = 16
@@ -69,6 +72,8 @@ class ServingBenchConfig:
             raise ValueError(f"modes must be among {MODES}, got {bad}")
         if any(c < 1 for c in self.concurrency) or self.requests < 1 or self.repeats < 1:
             raise ValueError("concurrency, requests and repeats must be >= 1")
+        if self.requests_per_client < 0:
+            raise ValueError(f"requests_per_client must be >= 0, got {self.requests_per_client}")
         for name in RUN_LIMITS:
             value = getattr(self, name)
             if not (math.isfinite(value) and value > 0):
@@ -106,6 +111,10 @@ class ServingBenchConfig:
             startup_timeout_s=self.startup_timeout_s,
             load_format=self.load_format or model_shapes.load_format(model),
         )
+
+    def requests_at(self, concurrency: int) -> int:
+        """Measured requests per run of a cell with `concurrency` clients (synthetic)."""
+        return max(self.requests, self.requests_per_client * concurrency)
 
     def regimes(self) -> tuple[str, ...]:
         if self.workload == "sharegpt":
@@ -175,6 +184,8 @@ def _run_id(
         shaping.pop(name)
     if shaping["arrival_rate"] is None:  # closed loop: the ids runs had before open loops
         shaping.pop("arrival_rate")
+    if not shaping["requests_per_client"]:  # the ids runs had before requests per client
+        shaping.pop("requests_per_client")
     else:
         shaping["arrival_seed"] = "seed + repeat"  # (`arrival_seed`; once the seed alone)
     shaping.update(model_identity(model), mode=key.mode, regime=key.regime, c=key.concurrency)

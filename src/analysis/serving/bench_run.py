@@ -132,7 +132,7 @@ def speed_note(before: float, after: float) -> str:
 def synthetic_specs(config: ServingBenchConfig, key: RunKey) -> list[loadgen.RequestSpec]:
     return loadgen.synthetic_prefix_workload(
         int(key.regime),
-        config.requests,
+        config.requests_at(key.concurrency),
         suffix_tokens=config.suffix_tokens,
         output_tokens=config.output_tokens,
         warmup_requests=config.warmup_requests,

@@ -106,11 +106,17 @@ def plan_requests(
     repeats: int = 3,
     minimum: int = 8,
     maximum: int = 32,
+    per_client: int = 0,
 ) -> int:
     """Measured requests per repeat so that all `cells` fit `budget_s` by the calibration's
-    estimate, within [minimum, maximum]. A cell is (uncached prompt tokens per request,
-    output tokens, concurrency); list each mode's cell (caching on has fewer uncached)."""
-    per_request = repeats * sum(cal.request_s(u, o, c) for u, o, c in cells)
-    if per_request <= 0:
-        return maximum
-    return int(min(maximum, max(minimum, budget_s // per_request)))
+    estimate, within [minimum, maximum]; a cell sends at least `per_client` requests per
+    client whatever the choice. A cell is (uncached prompt tokens per request, output tokens,
+    concurrency); list each mode's cell (caching on has fewer uncached)."""
+
+    def estimate(requests: int) -> float:
+        return repeats * sum(
+            max(requests, per_client * c) * cal.request_s(u, o, c) for u, o, c in cells
+        )
+
+    fitting = [n for n in range(minimum, maximum + 1) if estimate(n) <= budget_s]
+    return max(fitting, default=minimum)

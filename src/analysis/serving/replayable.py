@@ -161,7 +161,7 @@ def synthetic_cells_to_predict(
     rows = []
     for prefix in prefixes:
         for count in clients:
-            cell_config = replace(config, requests=max(config.requests, waves * count))
+            cell_config = replace(config, requests=max(config.requests_at(count), waves * count))
             for mode in config.modes:
                 key = RunKey(mode, str(prefix), int(count))
                 for spec in synthetic_specs(cell_config, key):

@@ -50,6 +50,10 @@ class StudyParams:
     dilution_prefix: int = 1024
     eligible_shares: tuple[float, ...] = (0.5,)
     thrash: bool = False  # anti-patterns: also a prefix set twice the KV pool (~20 s in bf16)
+    anti_pattern_requests: int = 8  # anti-patterns: measured requests per repeat (2 rounds of 4)
+    # notebook 11: shared fractions of the offline sweep (seed 004's 11 steps of 10 %: the
+    # `cpu-study` and `gpu` sets)
+    sweep_fractions: tuple[float, ...] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
     block_size: int = 32
     max_model_len: int = 2048
     kv_cache_memory_bytes: int | None = 512 * MIB
@@ -80,6 +84,8 @@ class StudyParams:
         return dataclasses.replace(base, **changes)
 
 
+SEED_FRACTIONS = tuple(i / 10 for i in range(11))  # seed 004: 0-100 % shared in 10 % steps
+
 PROFILES: dict[str, dict[str, Any]] = {
     "cpu": {},
     # The same CPU model and servers at decision grade: concurrency up to 32, 96 measured
@@ -91,6 +97,8 @@ PROFILES: dict[str, dict[str, Any]] = {
         "min_requests": 96,
         "max_requests": 96,
         "thrash": True,
+        "anti_pattern_requests": 16,
+        "sweep_fractions": SEED_FRACTIONS,
         "check_clients": 64,
     },
     "gpu": {
@@ -110,6 +118,8 @@ PROFILES: dict[str, dict[str, Any]] = {
         "gpu_memory_utilization": 0.85,
         "enforce_eager": False,
         "thrash": True,
+        "anti_pattern_requests": 16,
+        "sweep_fractions": SEED_FRACTIONS,
     },
 }
 
@@ -135,13 +145,15 @@ class Plan:
     estimate_s: float
     timeout_s: float
     unit: str = "requests"
+    per_client: int = 0  # and at least this many per client in every cell
 
     def describe(self, what: str) -> str:
         cal = self.calibration
+        floor = f", at least {self.per_client} per client" if self.per_client else ""
         return (
             f"{what}: calibration {cal.prefill_tok_s:,.0f} prefill tokens/s, "
             f"{cal.decode_step_s * 1e3:.1f} ms per decode step, {cal.fixed_s * 1e3:.0f} ms fixed; "
-            f"chose {self.requests} measured {self.unit} per repeat (estimate "
+            f"chose {self.requests} measured {self.unit} per repeat{floor} (estimate "
             f"{self.estimate_s:.0f} s); request timeout {self.timeout_s:.0f} s"
         )
 
@@ -162,18 +174,26 @@ def plan(
     slowest cell."""
     cal = serving.calibration(pair, study.bench())
     low = study.min_requests if minimum is None else minimum
-    # enough requests for the most clients to go round several times: a steady state, not
-    # one burst (a closed loop of conversations has several requests per conversation)
-    if not conversations:
-        low = max(low, STEADY_STATE_WAVES * max(c for _, _, c in cells))
     high = max(low, study.max_requests if maximum is None else maximum)
     budget = study.budget_s if budget_s is None else budget_s
+    # every cell's clients go round several times: a steady state, not one burst (a closed
+    # loop of conversations has several requests per conversation)
+    per_client = 0 if conversations else STEADY_STATE_WAVES
     requests = serving.plan_requests(
-        cal, cells, budget, repeats=study.repeats, minimum=low, maximum=high
+        cal,
+        cells,
+        budget,
+        repeats=study.repeats,
+        minimum=low,
+        maximum=high,
+        per_client=per_client,
     )
-    estimate = requests * study.repeats * sum(cal.request_s(u, o, c) for u, o, c in cells)
+    estimate = study.repeats * sum(
+        max(requests, per_client * c) * cal.request_s(u, o, c) for u, o, c in cells
+    )
     timeout = max(cal.timeout_s(u + study.suffix_tokens, o, c) for u, o, c in cells)
-    return Plan(cal, requests, estimate, timeout, "conversations" if conversations else "requests")
+    unit = "conversations" if conversations else "requests"
+    return Plan(cal, requests, estimate, timeout, unit, per_client)
 
 
 def profile_calibration(profile: str = "cpu") -> tuple[serving.Calibration, str]:
@@ -264,7 +284,11 @@ def kept_servers(profile: str = "cpu") -> Iterator[serving.ServerPair]:
 
 def synthetic_config(study: StudyParams, chosen: Plan) -> serving.ServingBenchConfig:
     """The benchmark configuration of notebook 08's grid, with the requests `plan` chose."""
-    return study.bench(requests=chosen.requests, request_timeout_s=chosen.timeout_s)
+    return study.bench(
+        requests=chosen.requests,
+        requests_per_client=chosen.per_client,
+        request_timeout_s=chosen.timeout_s,
+    )
 
 
 def anti_pattern_section(
@@ -297,7 +321,7 @@ def anti_pattern_section(
             prefixes=(prefix,),
             concurrency=(1,),
             modes=("cache",),
-            **({"requests": 16} | changes),
+            **({"requests": study.anti_pattern_requests} | changes),
         )
         table = serving.run_serving_bench(config, servers=pair, force=force, progress=False)
         # the misses a cache that evicts nothing would give (the thrash case evicts: None)
@@ -463,12 +487,12 @@ def dilution_section(
 
 
 def engine_config(study: StudyParams, **overrides: Any) -> serving.PrefixSweepConfig:
-    """Notebook 11: seed 004's offline sweep (all 11 shared fractions) and long-prefill
-    table on the in-process engine, scaled to the parameter set."""
+    """Notebook 11: seed 004's offline sweep (the parameter set's shared fractions) and
+    long-prefill table on the in-process engine, scaled to the parameter set."""
     values: dict[str, Any] = {
         "model": study.model,
         "load_format": study.load_format,
-        "fractions": tuple(i / 10 for i in range(11)),
+        "fractions": study.sweep_fractions,
         "num_prompts": 4,
         "input_len": 1000,
         "output_len": 24,
