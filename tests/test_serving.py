@@ -316,6 +316,26 @@ def test_run_ids_are_stable_and_change_with_what_shapes_a_run(tmp_path):
     assert first not in others and len(others) == 7
 
 
+def test_run_ids_of_runs_cached_before_are_found_again():
+    # a run's id is how its cached folder is found: a new field left at its default must not
+    # move the ids of closed loops, open loops or ShareGPT cells measured before it existed
+    pinned = {
+        (serving.ServingBenchConfig(), RunKey("cache", "1024", 4)): (
+            "synthetic-cache-p1024-c4-a1d4ee6423"
+        ),
+        (
+            serving.ServingBenchConfig(workload="sharegpt", arrival_rate=0.5, concurrency=(6,)),
+            RunKey("cache", "poisson0.5", 6),
+        ): "sharegpt-cache-poisson0.5-c6-414bb1eb9c",
+        (
+            serving.ServingBenchConfig(workload="sharegpt", concurrency=(4,)),
+            RunKey("no_cache", "sharegpt", 4),
+        ): "sharegpt-no_cache-sharegpt-c4-11b80b1283",
+    }
+    for (config, key), expected in pinned.items():
+        assert serving.run_id(config, "prefill-llama", key) == expected
+
+
 def _summary(mode, regime, concurrency, ttft, req_s):
     return {
         "workload": "synthetic",

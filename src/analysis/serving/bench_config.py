@@ -184,10 +184,10 @@ def _run_id(
         shaping.pop(name)
     if shaping["arrival_rate"] is None:  # closed loop: the ids runs had before open loops
         shaping.pop("arrival_rate")
-    if not shaping["requests_per_client"]:  # the ids runs had before requests per client
-        shaping.pop("requests_per_client")
     else:
         shaping["arrival_seed"] = "seed + repeat"  # (`arrival_seed`; once the seed alone)
+    if not shaping["requests_per_client"]:  # the ids runs had before requests per client
+        shaping.pop("requests_per_client")
     shaping.update(model_identity(model), mode=key.mode, regime=key.regime, c=key.concurrency)
     shaping["summary_schema"] = SUMMARY_SCHEMA
     if workload_hash:
