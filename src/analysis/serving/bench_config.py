@@ -114,12 +114,17 @@ class ServingBenchConfig:
 
     def requests_at(self, concurrency: int) -> int:
         """Measured requests per run of a cell with `concurrency` clients (synthetic)."""
-        return max(self.requests, self.requests_per_client * concurrency)
+        return requests_in_cell(self.requests, self.requests_per_client, concurrency)
 
     def regimes(self) -> tuple[str, ...]:
         if self.workload == "sharegpt":
             return (poisson_label(self.arrival_rate) if self.arrival_rate else "sharegpt",)
         return tuple(str(p) for p in self.prefixes)
+
+
+def requests_in_cell(requests: int, per_client: int, concurrency: int) -> int:
+    """`requests`, or `per_client` rounds of the cell's clients where that is more."""
+    return max(requests, per_client * concurrency)
 
 
 def arrival_seed(config: ServingBenchConfig, repeat: int) -> int:

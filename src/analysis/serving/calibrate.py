@@ -16,7 +16,7 @@ from pathlib import Path
 from analysis.platform.kept_files import read_kept
 from analysis.platform.manifest import read_json, write_json
 from analysis.serving import loadgen
-from analysis.serving.bench_config import ServingBenchConfig
+from analysis.serving.bench_config import ServingBenchConfig, requests_in_cell
 from analysis.serving.bench_run import prefill_rate, run_coroutine
 from analysis.serving.benchmark import ServerPair
 from analysis.serving.model_names import model_identity, resolve_model
@@ -112,11 +112,24 @@ def plan_requests(
     estimate, within [minimum, maximum]; a cell sends at least `per_client` requests per
     client whatever the choice. A cell is (uncached prompt tokens per request, output tokens,
     concurrency); list each mode's cell (caching on has fewer uncached)."""
-
-    def estimate(requests: int) -> float:
-        return repeats * sum(
-            max(requests, per_client * c) * cal.request_s(u, o, c) for u, o, c in cells
-        )
-
-    fitting = [n for n in range(minimum, maximum + 1) if estimate(n) <= budget_s]
+    fitting = [
+        n
+        for n in range(minimum, maximum + 1)
+        if planned_seconds(cal, cells, n, repeats=repeats, per_client=per_client) <= budget_s
+    ]
     return max(fitting, default=minimum)
+
+
+def planned_seconds(
+    cal: Calibration,
+    cells: Sequence[tuple[int, int, int]],
+    requests: int,
+    *,
+    repeats: int,
+    per_client: int = 0,
+) -> float:
+    """The calibration's estimate of `cells` at `requests` per repeat (at least `per_client`
+    per client in each)."""
+    return repeats * sum(
+        requests_in_cell(requests, per_client, c) * cal.request_s(u, o, c) for u, o, c in cells
+    )

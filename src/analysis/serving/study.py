@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from analysis import serving
+from analysis.serving.calibrate import planned_seconds
 from analysis.serving.model_names import DEFAULT_CPU_MODEL
 from analysis.serving.stats import STEADY_STATE_WAVES
 
@@ -188,9 +189,7 @@ def plan(
         maximum=high,
         per_client=per_client,
     )
-    estimate = study.repeats * sum(
-        max(requests, per_client * c) * cal.request_s(u, o, c) for u, o, c in cells
-    )
+    estimate = planned_seconds(cal, cells, requests, repeats=study.repeats, per_client=per_client)
     timeout = max(cal.timeout_s(u + study.suffix_tokens, o, c) for u, o, c in cells)
     unit = "conversations" if conversations else "requests"
     return Plan(cal, requests, estimate, timeout, unit, per_client)
