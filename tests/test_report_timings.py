@@ -102,3 +102,13 @@ def test_an_estimate_refuses_an_unknown_or_broken_grid(tmp_root: Path, capsys) -
     trace.write_bytes(b"")
     with pytest.raises(GridError, match="lacks block_sizes, num_blocks"):
         timings.pending_points(str(write_grid(tmp_root / "b.toml", str(trace), broken=True)))
+    # a series without traces, or with a number for them, was a TypeError traceback
+    (tmp_root / "none.toml").write_text('[[series]]\nname = "s"\nengines = ["replay"]\n')
+    with pytest.raises(GridError, match="lacks block_sizes, num_blocks, traces"):
+        timings.pending_points(str(tmp_root / "none.toml"))
+    (tmp_root / "int.toml").write_text(
+        '[[series]]\nname = "s"\ntraces = 5\nengines = ["replay"]\nblock_sizes = [16]\n'
+        "num_blocks = [600]\n"
+    )
+    with pytest.raises(GridError, match="traces must be trace names or paths"):
+        timings.pending_points(str(tmp_root / "int.toml"))

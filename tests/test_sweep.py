@@ -89,6 +89,11 @@ num_blocks = "max"
             "num_blocks=[600]\nwarp_speed=[1, 2]\n",
             "warp_speed",
         ),
+        (
+            "[[series]]\nname='x'\ntraces=5\nengines=['replay']\nblock_sizes=[16]\n"
+            "num_blocks=[600]\n",
+            "traces must be trace names or paths",
+        ),
         ("not = [valid", "not valid TOML"),
         ("[base]\nlimit = 3\n", r"no \[\[series\]\]"),
         ("[series.s]\ntraces=['a']\n", r"`series` must be an array of tables"),

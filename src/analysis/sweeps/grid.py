@@ -115,6 +115,11 @@ def grid_points(name_or_path: str | Path, block_budget=None) -> list[Point]:
         missing = SERIES_KEYS - set(series)
         if missing:
             raise GridError(f"series {series.get('name')!r} lacks {', '.join(sorted(missing))}")
+        named = [t for t in series["traces"] if not isinstance(t, str)]
+        if named:
+            raise GridError(
+                f"series {series['name']!r}: traces must be trace names or paths (got {named[0]!r})"
+            )
         fields_ = base | {
             k: v for k, v in series.items() if k not in SERIES_KEYS and k != BLOCKHASH_KEY
         }
@@ -244,8 +249,8 @@ def missing_traces(grid: dict[str, Any]) -> list[str]:
 
     names: set[str] = set()
     for series in grid["series"]:
-        traces = series.get("traces") if isinstance(series, dict) else None
-        names.update(str(t) for t in traces if isinstance(traces, list))
+        if isinstance(series, dict):  # a series without traces is grid_points' error to name
+            names.update(t for t in _listed(series).get("traces", []) if isinstance(t, str))
     return sorted(t for t in names if not is_blockhash_path(t) and not resolve_trace(t).is_file())
 
 
