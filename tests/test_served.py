@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from analysis.engines.clock import StepCostProfile
-from analysis.metrics.server_clocks import server_clocks
+from analysis.metrics.server_clocks import decode_clocks, server_clocks
 from analysis.platform.manifest import write_json
 from analysis.serving import loadgen, replayable
 from analysis.serving.bench_config import ServingBenchConfig
@@ -98,6 +98,44 @@ def test_the_server_clocks_split_a_ttft_into_engine_and_front_end():
     assert not short["timed_every_request"].any()
     # cells measured before the server's clocks were recorded: nothing to split
     assert server_clocks(cells).empty
+
+
+def with_decode_clock(cells: pd.DataFrame, engine_tpot_s: float, timed: int = 0) -> pd.DataFrame:
+    """`cells` with the engine core's time per output token: `engine_tpot_s` for every request
+    it timed, `timed` fewer than the client measured."""
+    frames = []
+    for _, cell in cells.groupby(served.CELL_KEYS, sort=False):
+        count = int((~cell["warmup"] & (cell["status"] == "ok")).sum()) - timed
+        frames.append(
+            cell.assign(
+                request_time_per_output_token_seconds_sum=engine_tpot_s * count,
+                request_time_per_output_token_seconds_count=count,
+            )
+        )
+    return pd.concat(frames, ignore_index=True)
+
+
+def test_the_engine_cores_clock_splits_a_tpot_into_clock_and_way_out():
+    cells = sent_cells().assign(tpot_s=0.030, output_tokens=6)
+    clocks = decode_clocks(with_decode_clock(cells, engine_tpot_s=0.026))
+    assert len(clocks) == 4 and clocks["comparable"].all()
+    assert clocks["engine_tpot_s"].tolist() == pytest.approx([0.026] * 4)
+    assert clocks["frontend_tpot_s"].tolist() == pytest.approx([0.004] * 4)
+    # replay 10 % above the engine core: the miss lies in the clock, not on the way out
+    predicted = cells.assign(tpot_s=0.026 * 1.1)
+    breakdown = served.tpot_breakdown(clocks, predicted)
+    assert breakdown["engine_error"].tolist() == pytest.approx([0.1] * 4)
+    reading = served.tpot_reading(breakdown)
+    assert reading.count("26.0 ms by the engine core, +4.0 ms on the way out, replay +10%") == 4
+    # a server that timed fewer requests, or a request of one token (vLLM counts it at 0 s per
+    # token, the client not at all), leaves nothing comparable
+    assert not decode_clocks(with_decode_clock(cells, 0.026, timed=1))["comparable"].any()
+    one_token = with_decode_clock(cells.assign(output_tokens=1), 0.026)
+    assert served.tpot_breakdown(decode_clocks(one_token), predicted)["engine_error"].isna().all()
+    assert served.tpot_reading(served.tpot_breakdown(decode_clocks(one_token), predicted)) == ""
+    # cells measured before the engine core's TPOT was recorded: nothing to split
+    assert decode_clocks(cells).empty
+    assert served.tpot_breakdown(decode_clocks(cells), predicted).empty
 
 
 def test_cell_trace_sends_the_warm_up_alone_then_each_client_in_turn():

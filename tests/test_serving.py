@@ -25,7 +25,7 @@ import pytest
 
 from analysis import serving
 from analysis.engines.timed_arrivals import poisson_starts
-from analysis.metrics.server_clocks import SERVER_CLOCK_COLUMNS, server_clocks
+from analysis.metrics.server_clocks import RECORDED_CLOCK_COLUMNS, decode_clocks, server_clocks
 from analysis.platform.errors import ConfigError
 from analysis.serving import (
     RunKey,
@@ -554,12 +554,19 @@ def test_real_server_measures_ttft_counts_hits_and_caches_results(
             mode="cache",
             prefix_regime="512",
             concurrency=2,
-            **{name: row[name] for name in SERVER_CLOCK_COLUMNS},
+            **{name: row[name] for name in RECORDED_CLOCK_COLUMNS},
         )
         clocks = server_clocks(cell).iloc[0]
         assert clocks["timed_every_request"]
         assert 0 < clocks["engine_prefill_s"] < clocks["client_ttft_s"]
         assert clocks["outside_s"] > 0 and clocks["handover_s"] > 0
+        # and its time per output token, by the engine core's stamps: the 3 measured requests
+        # only, each with 3 tokens after the first, less than the client's whole request
+        assert row["request_time_per_output_token_seconds_count"] == 3
+        decode = decode_clocks(cell).iloc[0]
+        assert decode["comparable"] and decode["requests_measured"] == 3
+        assert 0 < decode["engine_tpot_s"] < requests.loc[~requests.warmup, "e2e_s"].min()
+        assert decode["client_tpot_s"] > 0
         capacity = server.kv_capacity_blocks()  # vLLM needs room for one max-length request
         assert capacity is not None and capacity * 32 >= config.max_model_len
         # the thrash case sizes its prefix set from this, without a server

@@ -26,6 +26,13 @@ SERVER_TIMERS = (
 SERVER_CLOCK_COLUMNS = tuple(
     f"{timer}_{part}" for timer in SERVER_TIMERS for part in ("sum", "count")
 )
+# The engine core's time per output token, per request: from its first token to its last as
+# the engine core stamped them, over the tokens after the first (vLLM's
+# `request_time_per_output_token_seconds`, recorded since cells kept it; older cells lack it).
+DECODE_TIMER = "request_time_per_output_token_seconds"
+DECODE_CLOCK_COLUMNS = (f"{DECODE_TIMER}_sum", f"{DECODE_TIMER}_count")
+# Every clock a benchmark cell records.
+RECORDED_CLOCK_COLUMNS = SERVER_CLOCK_COLUMNS + DECODE_CLOCK_COLUMNS
 CELL_KEYS = ("mode", "prefix_regime", "concurrency")
 
 
@@ -75,6 +82,40 @@ def server_clocks(cells: pd.DataFrame, keys: Sequence[str] = CELL_KEYS) -> pd.Da
                 "engine_queue_s": queue,
                 "engine_prefill_s": prefill,
                 "frontend_s": client - queue - prefill,
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def decode_clocks(cells: pd.DataFrame, keys: Sequence[str] = CELL_KEYS) -> pd.DataFrame:
+    """Per cell, the mean time per output token by the engine core's own clock beside the
+    client's (means over the measured requests of every repeat):
+    - `client_tpot_s`: as the client saw the tokens stream;
+    - `engine_tpot_s`: as the engine core stamped them, so without the front end, the HTTP
+      stream and the client;
+    - `frontend_tpot_s`: the difference, what the way out adds per token.
+    `comparable`: the server timed every measured request and each streamed more than one
+    token (vLLM counts a one-token request at 0 s per token, the client not at all). Empty
+    where the cells were measured before this clock was recorded."""
+    if not set(DECODE_CLOCK_COLUMNS) <= set(cells.columns) or (
+        cells[list(DECODE_CLOCK_COLUMNS)].isna().any().any()
+    ):
+        return pd.DataFrame()
+    rows = []
+    for cell, table in cells.groupby(list(keys), sort=False):
+        clock = table.iloc[0]
+        sent = table[~table["warmup"] & (table["status"] == "ok")]
+        count = int(clock[f"{DECODE_TIMER}_count"])
+        engine = float(clock[f"{DECODE_TIMER}_sum"] / count) if count else float("nan")
+        client = float(sent["tpot_s"].mean())
+        rows.append(
+            {
+                **dict(zip(keys, cell, strict=True)),
+                "requests_measured": len(sent),
+                "comparable": count == len(sent) and bool((sent["output_tokens"] > 1).all()),
+                "client_tpot_s": client,
+                "engine_tpot_s": engine,
+                "frontend_tpot_s": client - engine,
             }
         )
     return pd.DataFrame(rows)

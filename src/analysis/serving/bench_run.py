@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.engines.timed_arrivals import poisson_starts
-from analysis.metrics.server_clocks import SERVER_CLOCK_COLUMNS
+from analysis.metrics.server_clocks import RECORDED_CLOCK_COLUMNS
 from analysis.serving import loadgen
 from analysis.serving.bench_config import RunKey, ServingBenchConfig, arrival_seed
 from analysis.serving.server import VllmServer
@@ -371,7 +371,7 @@ COUNTED = (
     "output_tokens",
     "wall_s",
     # the server's own clocks: sums and counts over the measured requests of every repeat
-    *SERVER_CLOCK_COLUMNS,
+    *RECORDED_CLOCK_COLUMNS,
 )
 PER_REPEAT_MEDIAN = ("tok_s", "warmup_ttft_s", "mean_ttft_incl_warmup_s", "p50_ttft_s")
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.metrics.server_clocks import SERVER_CLOCK_COLUMNS
+from analysis.metrics.server_clocks import RECORDED_CLOCK_COLUMNS
 from analysis.platform.errors import WorkloadError
 from analysis.serving.bench_config import RunKey, ServingBenchConfig, arrival_seed
 from analysis.serving.bench_run import sharegpt_specs, synthetic_specs
@@ -120,7 +120,7 @@ def _cell(cell: Any) -> dict[str, Any]:
         "mode": cell.mode,
         "prefix_regime": str(cell.prefix_regime),
         "concurrency": int(cell.concurrency),
-        **{name: float(getattr(cell, name, math.nan)) for name in SERVER_CLOCK_COLUMNS},
+        **{name: float(getattr(cell, name, math.nan)) for name in RECORDED_CLOCK_COLUMNS},
     }
 
 

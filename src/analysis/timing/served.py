@@ -40,7 +40,7 @@ import pandas as pd
 from analysis.engines.clock import StepCostProfile
 from analysis.engines.config import POISSON, RunConfig
 from analysis.metrics.oracles import Checks, brute_force_hits
-from analysis.metrics.server_clocks import server_clocks
+from analysis.metrics.server_clocks import decode_clocks, server_clocks
 from analysis.platform.errors import WorkloadError
 from analysis.platform.manifest import write_json
 from analysis.runs import run
@@ -344,6 +344,39 @@ def engine_reading(breakdown: pd.DataFrame) -> str:
     )
 
 
+def tpot_breakdown(clocks: pd.DataFrame, predicted: pd.DataFrame) -> pd.DataFrame:
+    """`decode_clocks` beside replay: per cell, the mean TPOT replay predicts for the measured
+    requests and its error against the engine core's own (`engine_error`), so that a TPOT miss
+    is seen to lie in the clock (the profile and the per-step term) or on the way out to the
+    client (`frontend_tpot_s`)."""
+    if clocks.empty:
+        return clocks
+    sent = predicted[~predicted["warmup"]]
+    mean = sent.groupby(CELL_KEYS, sort=False)["tpot_s"].mean().rename("predicted_tpot_s")
+    table = clocks.merge(mean.reset_index(), on=CELL_KEYS, how="left")
+    error = table["predicted_tpot_s"] / table["engine_tpot_s"] - 1.0
+    table["engine_error"] = error.where(table["comparable"])
+    return table
+
+
+def tpot_reading(breakdown: pd.DataFrame) -> str:
+    """Where the TPOT error lies, from `tpot_breakdown` (every number from it): per cell, what
+    the way out added per token, and replay against the engine core's own TPOT."""
+    rows = breakdown.dropna(subset=["engine_error"]) if len(breakdown) else breakdown
+    if rows.empty:
+        return ""
+    cells = "; ".join(
+        f"{row.mode} {_cell_words(row.prefix_regime, row.concurrency)}: "
+        f"{row.engine_tpot_s * 1e3:.1f} ms by the engine core, {row.frontend_tpot_s * 1e3:+.1f} "
+        f"ms on the way out, replay {row.engine_error:+.0%} against the engine core"
+        for row in rows.itertuples(index=False)
+    )
+    return (
+        "Per output token, by the engine core's own clock (its first token to its last, as it "
+        f"stamped them) against the client's and replay's: {cells}."
+    )
+
+
 def decode_check(folder: Path, profile: StepCostProfile, clients: Sequence[int]) -> pd.DataFrame:
     """The profile against its own calibration's decode-only steps (kept in `folder`) at
     the batch sizes the cells decode at: one per client (`fit.decode_steps_by_batch`)."""
@@ -589,6 +622,9 @@ class ServedComparison:
     checks: Checks
     # per cell: TTFT by the server's clocks beside replay's (ttft_breakdown(); empty without)
     breakdown: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # per cell: TPOT by the engine core's clock beside the client's and replay's
+    # (tpot_breakdown(); empty where the cells lack that clock)
+    tpot: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def compare_with_server(
@@ -630,6 +666,7 @@ def _compared(
         table,
         checks(cells, predicted, table, fitted_clients),
         ttft_breakdown(server_clocks(cells), predicted, terms),
+        tpot_breakdown(decode_clocks(cells), predicted),
     )
 
 

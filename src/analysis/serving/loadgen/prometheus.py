@@ -10,7 +10,7 @@ import math
 import re
 from collections.abc import Sequence
 
-from analysis.metrics.server_clocks import SERVER_CLOCK_COLUMNS
+from analysis.metrics.server_clocks import RECORDED_CLOCK_COLUMNS
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 # Counters that explain a run; Prometheus names without the `_total` suffix.
@@ -23,7 +23,7 @@ SERVER_COUNTERS = (
     "vllm:num_preemptions",
     "vllm:request_success",
     # the server's own clocks: histograms, whose sums and counts are counters too
-    *(f"vllm:{column}" for column in SERVER_CLOCK_COLUMNS),
+    *(f"vllm:{column}" for column in RECORDED_CLOCK_COLUMNS),
 )
 # Gauges sampled during a run: KV-cache use (0-1, cached-but-idle blocks count as free) and
 # the scheduler's queues.
