@@ -490,14 +490,18 @@ def test_a_cell_replays_in_the_servers_pool(tmp_path):
     assert tight["ttft_s"].median() > 1.5 * roomy["ttft_s"].median()
 
 
-@pytest.mark.parametrize("kept_as", ["it is now", "one workload short", "one term short"])
+@pytest.mark.parametrize(
+    "kept_as", ["it is now", "one workload short", "one term short", "fitted another way"]
+)
 def test_a_kept_server_profile_is_measured_again_when_its_workloads_or_terms_differ(
     tmp_path, monkeypatch, kept_as
 ):
-    """A profile kept from a calibration with other workloads or terms (an older version's)
-    is not reused: its fit never saw what the calibration now measures and charges."""
+    """A profile kept from a calibration with other workloads, terms or fit (an older
+    version's) is not reused: its fit never saw what the calibration now measures and
+    charges."""
     from analysis.engines.clock import TERMS
     from analysis.platform.manifest import write_json
+    from analysis.timing.fit import CALIBRATION_METHOD, METHODS
     from analysis.timing.workloads import calibration_workloads
 
     identity = {
@@ -508,7 +512,8 @@ def test_a_kept_server_profile_is_measured_again_when_its_workloads_or_terms_dif
     dropped = sorted(set(TERMS) - set(PROFILE.coefficients))
     if kept_as == "one term short":
         dropped = dropped[1:]
-    fit = {"dropped_terms": dropped}
+    method = "seconds" if kept_as == "fitted another way" else CALIBRATION_METHOD
+    fit = {"dropped_terms": dropped, "method": METHODS[method]}
     kept = StepCostProfile(PROFILE.coefficients, PROFILE.admit_s, PROFILE.loop_s, identity, fit)
     write_json(tmp_path / "profile.json", kept.to_dict())
     names = [w.name for w in calibration_workloads("cpu")]

@@ -18,7 +18,14 @@ from analysis.engines.timed_arrivals import TimedArrivals
 from analysis.engines.workload import build_workload
 from analysis.platform.errors import ConfigError
 from analysis.runs import run
-from analysis.timing.fit import design_matrix, fit_coefficients, fit_profile
+from analysis.timing.fit import (
+    DECODE_BATCH_MIN_STEPS,
+    decode_steps_by_batch,
+    design_matrix,
+    fit_coefficients,
+    fit_profile,
+    predict_steps,
+)
 
 COEFFICIENTS = {"fixed": 0.004, "token": 2e-5, "new_request": 1e-3, "decode_context": 5e-4}
 
@@ -369,6 +376,63 @@ def test_a_fit_on_seconds_charges_a_skewed_run_its_whole_time_and_a_relative_one
         fit_profile(steps, {}, method="median")
 
 
+def flat_decode_steps(rng: np.random.Generator) -> pd.DataFrame:
+    """Steps as a 2-core CPU ran them: a decode of one to six requests costs nearly the same
+    (25 ms, 0.5 ms more a request), more requests 4 ms each; a prefill costs its tokens. No
+    linear profile holds that knee. Batch size 9 decodes only twice."""
+    decode_sizes = np.concatenate([rng.integers(1, 9, 400), [9, 9]])
+    decodes = pd.DataFrame({"sequences": decode_sizes, "prefill_requests": 0})
+    decodes["tokens"] = decodes["sequences"]
+    extra = np.maximum(decodes["sequences"] - 6, 0)
+    decodes["wall_s"] = 0.025 + 0.0005 * decodes["sequences"] + 0.004 * extra
+    prefills = pd.DataFrame({"sequences": rng.integers(1, 9, 200), "prefill_requests": 1})
+    prefills["tokens"] = rng.integers(32, 2048, 200) + prefills["sequences"] - 1
+    prefills["wall_s"] = 0.02 + 4e-4 * prefills["tokens"]
+    steps = pd.concat([decodes, prefills], ignore_index=True)
+    steps["sampled"] = steps["sequences"]
+    steps["wall_s"] *= rng.normal(1.0, 0.01, len(steps))
+    return steps.assign(admitted=0, admit_s=0.0, gap_s=1e-4)
+
+
+def test_a_decode_batch_term_holds_what_a_linear_profile_cannot():
+    steps = flat_decode_steps(np.random.default_rng(7))
+    terms = ["fixed", "token", "sampled"]
+    linear = fit_profile(steps, {}, terms=terms)
+    batched = fit_profile(steps, {}, terms=terms, method="seconds-batch")
+    assert not linear.decode_batch_s
+    # a term at each batch size from 1 decoded often enough, not at 9 (two steps)
+    assert sorted(batched.decode_batch_s) == list(range(1, 9))
+    assert DECODE_BATCH_MIN_STEPS > 2
+    # the prefills' cost is still the linear terms': 20 ms and 0.4 ms a token
+    assert batched.coefficients["token"] == pytest.approx(4e-4, rel=0.02)
+    linear_errors = decode_steps_by_batch(linear, steps).set_index("sequences")["error"]
+    batched_errors = decode_steps_by_batch(batched, steps).set_index("sequences")["error"]
+    assert linear_errors.abs().max() > 0.05  # the linear profile misses the knee somewhere
+    assert batched_errors.loc[1:8].abs().max() < 0.02
+    # fitted jointly, the profile still charges the calibration its whole summed time
+    assert predict_steps(batched, steps).sum() == pytest.approx(steps["wall_s"].sum(), rel=1e-9)
+    assert (
+        batched.fit["fitted"]["median_abs_rel_error"] < linear.fit["fitted"]["median_abs_rel_error"]
+    )
+
+
+def test_the_decode_batch_term_charges_only_decode_only_steps_of_its_sizes(tmp_path):
+    profile = StepCostProfile({"fixed": 0.01}, 0.0, 0.0, decode_batch_s={1: 0.002, 2: -0.002})
+    decode = {"tokens": 2, "sequences": 2, "prefill_requests": 0}
+    assert profile.step_seconds(decode) == pytest.approx(0.008)
+    assert profile.step_seconds(decode | {"sequences": 1}) == pytest.approx(0.012)
+    assert profile.step_seconds(decode | {"sequences": 3}) == pytest.approx(0.01)  # beyond
+    assert profile.step_seconds(decode | {"prefill_requests": 1}) == pytest.approx(0.01)
+    steps = pd.DataFrame([decode, decode | {"prefill_requests": 1}, decode | {"sequences": 1}])
+    assert predict_steps(profile, steps).tolist() == pytest.approx([0.008, 0.01, 0.012])
+    # the JSON keeps the term and its unit; a profile without it writes none, as before
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile.to_dict()))
+    assert load_profile(path) == profile
+    assert "decode_batch_s" in json.loads(path.read_text())["units"]
+    assert "decode_batch_s" not in StepCostProfile({"fixed": 0.01}, 0.0, 0.0).to_dict()
+
+
 # --------------------------------------------------------------------------- the real engine
 @pytest.mark.engine
 def test_calibrate_on_the_real_cpu_engine(tmp_path, monkeypatch):
@@ -401,6 +465,9 @@ def test_calibrate_on_the_real_cpu_engine(tmp_path, monkeypatch):
     assert profile.coefficients and all(value > 0 for value in profile.coefficients.values())
     # the exact non-negative fit on seconds never charges less than the calibration's total
     assert profile.fit["fitted"]["summed_time_rel_error"] >= -1e-4, profile.fit
+    # and a decode-only step is charged its batch size's mean on the engine measured
+    assert profile.fit["method"].endswith("each decode-only batch size's mean residual")
+    assert profile.decode_batch_s, "the decode-batch workload decodes at several batch sizes"
     assert profile.identity["machine"]["kind"] == "cpu"
     assert profile.identity["model_runner"] in ("v1", "v2")
     assert set(result.steps["run"]) == {
@@ -423,6 +490,7 @@ def test_calibrate_on_the_real_cpu_engine(tmp_path, monkeypatch):
         "steps.parquet",
         "validation.csv",
     ]
+    assert load_profile(folder / "profile.json").decode_batch_s == profile.decode_batch_s
     makeup = held_out.same_steps(
         held_out.read_steps(folder),
         folder / "profile.json",

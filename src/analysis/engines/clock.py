@@ -10,7 +10,11 @@ named with its unit, fitted on a real engine's measured steps (`analysis.timing`
                    + prefill_pair * prefill_pairs / 1e6 + decode_context * decode_context / 1e3
                    + distinct_context * distinct_context / 1e3
 
-plus two costs outside a step, measured beside it: `admit_s` per request handed to the
+plus, for a step that only decodes n requests, `decode_batch_s[n]`: one term per small
+batch size the calibration decoded often enough (1 up to the first size it did not), fitted
+with the others, for what a linear model cannot hold (on a 2-core CPU a decode of one request
+and one of six cost nearly the same); larger batches take the linear terms alone; plus two
+costs outside a step, measured beside it: `admit_s` per request handed to the
 engine (request set-up, block hashing) and `loop_s` per step (the driver's own time between
 steps). Replay on this clock advances its time by exactly these, so it predicts TTFT, TPOT
 and throughput for the workload, machine and engine settings the profile was measured on.
@@ -49,6 +53,10 @@ TERMS: dict[str, tuple[str | None, float, str]] = {
         "s per thousand of those tokens in blocks no other decode of the step read first",
     ),
 }
+DECODE_BATCH_UNIT = (
+    "s added to a step that only decodes, by how many requests it decodes (none beyond the "
+    "batch sizes listed)"
+)
 # What must match between the profile and a run for its times to mean anything.
 IDENTITY_KEYS = ("machine", "dtype", "model", "vllm", "engine_settings")
 
@@ -62,6 +70,8 @@ class StepCostProfile:
     loop_s: float  # per step, the driver's time outside the engine's step
     identity: dict[str, Any] = field(default_factory=dict)
     fit: dict[str, Any] = field(default_factory=dict)  # residuals, rows, workloads
+    # requests decoded -> s added to a decode-only step (DECODE_BATCH_UNIT); empty: none
+    decode_batch_s: dict[int, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.coefficients) - set(TERMS))
@@ -74,11 +84,17 @@ class StepCostProfile:
         for term, coefficient in self.coefficients.items():
             feature, scale, _ = TERMS[term]
             total += coefficient * (1.0 if feature is None else features[feature] * scale)
+        if self.decode_batch_s and not features["prefill_requests"]:
+            total += self.decode_batch_s.get(int(features["sequences"]), 0.0)
         return total
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["units"] = {term: TERMS[term][2] for term in self.coefficients}
+        if self.decode_batch_s:
+            data["units"]["decode_batch_s"] = DECODE_BATCH_UNIT
+        else:
+            del data["decode_batch_s"]  # profiles without the term read as they always did
         return data
 
     @classmethod
@@ -90,6 +106,9 @@ class StepCostProfile:
                 loop_s=float(data["loop_s"]),
                 identity=dict(data.get("identity", {})),
                 fit=dict(data.get("fit", {})),
+                decode_batch_s={
+                    int(n): float(v) for n, v in data.get("decode_batch_s", {}).items()
+                },
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ConfigError(

@@ -10,6 +10,16 @@ Least squares over the terms of `analysis.engines.clock.TERMS`, in one of two wa
   step counts as much as a 300 ms prefill): the typical (median-like) step, and the outside
   costs as medians. Step times are skewed to the slow side, so this profile under-charges a
   whole run by the skew (the first H100 calibrations were fitted so, and say so).
+- `seconds-batch` (what `calibrate` fits now): `seconds` with one more term per small decode
+  batch: `decode_batch_s[n]` for the steps that only decode n requests, n from 1 up to the
+  first size the calibration decoded fewer than `DECODE_BATCH_MIN_STEPS` times. A linear
+  model charges every decoded request alike; on a 2-core CPU a decode of one request and one
+  of six cost nearly the same (the linear profile was 9 % under at one and 13 % over at
+  four), and a served clock whose per-step term is fitted on one client carried that
+  difference into every held-out cell. The batch terms may be negative (they move a step's
+  cost either way) and are fitted jointly with the others: each is its steps' mean residual,
+  the others the non-negative least squares on what varies within those steps and on every
+  other step, so a run's summed time is kept as `seconds` keeps it.
 
 A negative coefficient has no physical meaning (work that saves time): the coefficients are
 the best non-negative ones, and the profile names the terms left at zero as dropped.
@@ -44,7 +54,15 @@ def design_matrix(steps: pd.DataFrame, terms: Sequence[str]) -> np.ndarray:
 METHODS = {
     "seconds": "least squares on seconds (a step's mean time), non-negative terms",
     "relative": "least squares on relative error, non-negative terms",
+    "seconds-batch": (
+        "least squares on seconds (a step's mean time), non-negative terms, and each decode-only "
+        "batch size's mean residual"
+    ),
 }
+# How `calibrate` fits a new profile (committed calibrations keep their own, `held_out.refit`).
+CALIBRATION_METHOD = "seconds-batch"
+# A batch size's decode-only steps enter `decode_batch_s` when the calibration ran this many.
+DECODE_BATCH_MIN_STEPS = 5
 
 
 def fit_coefficients(
@@ -52,7 +70,7 @@ def fit_coefficients(
 ) -> tuple[dict[str, float], list[str]]:
     """Non-negative coefficients by least squares; returns (coefficients, dropped)."""
     measured = steps["wall_s"].to_numpy(dtype=np.float64)
-    weights = 1.0 / measured if method == "relative" else np.ones_like(measured)
+    weights = 1.0 / measured if method == "relative" else np.ones_like(measured)  # on seconds
     kept = [t for t in terms if _varies(steps, t)]
     matrix = design_matrix(steps, kept) * weights[:, None]
     solution = non_negative_least_squares(matrix, measured * weights)
@@ -111,7 +129,52 @@ def residuals(profile: StepCostProfile, steps: pd.DataFrame) -> pd.Series:
 def predict_steps(profile: StepCostProfile, steps: pd.DataFrame) -> pd.Series:
     terms = list(profile.coefficients)
     values = design_matrix(steps, terms) @ np.array([profile.coefficients[t] for t in terms])
+    if profile.decode_batch_s:
+        batch = steps["sequences"].where(steps["prefill_requests"] == 0, 0).astype(int)
+        values = values + batch.map(profile.decode_batch_s).fillna(0.0).to_numpy()
     return pd.Series(values, index=steps.index)
+
+
+def decode_batches(steps: pd.DataFrame, min_steps: int = DECODE_BATCH_MIN_STEPS) -> pd.Series:
+    """Each step's decode batch where a `seconds-batch` profile gives it a term of its own
+    (its number of requests, if it only decodes and every size from 1 up to it was decoded
+    `min_steps` times or more), else 0."""
+    decode_only = steps["prefill_requests"] == 0
+    counts = steps.loc[decode_only, "sequences"].value_counts()
+    largest = 0
+    while counts.get(largest + 1, 0) >= min_steps:
+        largest += 1
+    held = decode_only & steps["sequences"].between(1, largest)
+    return steps["sequences"].where(held, 0).astype(int)
+
+
+def fit_with_decode_batches(
+    steps: pd.DataFrame, terms: Sequence[str]
+) -> tuple[dict[str, float], list[str], dict[int, float]]:
+    """The `seconds-batch` fit: each small decode batch a free term of its own, the others
+    non-negative. With those free terms the best fit of the others is the non-negative least
+    squares on the steps with every batch's mean taken out of its own steps (what varies within
+    a batch size, its context, still teaches them), and each batch's term is then its steps'
+    mean residual."""
+    batch = decode_batches(steps)
+    held = batch > 0
+    kept = [t for t in terms if _varies(steps, t)]
+    matrix = design_matrix(steps, kept)
+    measured = steps["wall_s"].to_numpy(dtype=np.float64)
+    centred, target = matrix.copy(), measured.copy()
+    for size in np.unique(batch[held]):
+        rows = (batch == size).to_numpy()
+        centred[rows] -= centred[rows].mean(axis=0)
+        target[rows] -= target[rows].mean()
+    solution = non_negative_least_squares(centred, target)
+    fitted = {t: float(c) for t, c in zip(kept, solution, strict=True) if c > 0}
+    residual = pd.Series(measured - matrix @ solution, index=steps.index)
+    batches = residual[held].groupby(batch[held]).mean()
+    return (
+        fitted,
+        [t for t in terms if t not in fitted],
+        {int(n): float(v) for n, v in batches.items()},
+    )
 
 
 def decode_steps_by_batch(profile: StepCostProfile, steps: pd.DataFrame) -> pd.DataFrame:
@@ -185,12 +248,15 @@ def fit_profile(
         raise ConfigError(
             f"{len(usable)} usable steps cannot fit {len(terms)} terms: calibrate with more work"
         )
-    coefficients, dropped = fit_coefficients(usable, terms, method)
+    if method == "seconds-batch":
+        coefficients, dropped, batches = fit_with_decode_batches(usable, terms)
+    else:
+        (coefficients, dropped), batches = fit_coefficients(usable, terms, method), {}
     admit_s, loop_s = outside_step_costs(steps, method)
-    profile = StepCostProfile(coefficients, admit_s, loop_s, dict(identity))
+    profile = StepCostProfile(coefficients, admit_s, loop_s, dict(identity), {}, batches)
     fit: dict[str, Any] = {
         "method": METHODS[method],
         "dropped_terms": dropped,
         "fitted": residual_summary(profile, usable),
     }
-    return StepCostProfile(coefficients, admit_s, loop_s, dict(identity), fit)
+    return StepCostProfile(coefficients, admit_s, loop_s, dict(identity), fit, batches)

@@ -386,11 +386,23 @@ def decode_check(folder: Path, profile: StepCostProfile, clients: Sequence[int])
     return table[table["sequences"].isin(list(clients))].reset_index(drop=True)
 
 
-def decode_reading(check: pd.DataFrame) -> str:
+def decode_reading(check: pd.DataFrame, by_batch: bool = False) -> str:
     """What `decode_check` says about the held-out TPOT (every number from it): a per-step term
-    fitted on one client's decodes carries the profile's error there into every batch size."""
+    fitted on one client's decodes carries the profile's error there into every batch size.
+    `by_batch`: the profile has a `decode_batch_s` term, fitted to these very steps."""
     if check.empty or FITTED_CLIENTS not in set(check["sequences"]):
         return ""
+    if by_batch:
+        errors = ", ".join(
+            f"{row.error:+.0%} at {int(row.sequences)}" for row in check.itertuples(index=False)
+        )
+        return (
+            "The profile's decode-batch term is fitted to its calibration's decode-only steps "
+            "(their mean residual at each batch size), so on those steps its median error by "
+            f"requests decoded is in-sample: {errors}. A held-out TPOT miss lies elsewhere than in "
+            "the shape of a decode's cost across batch sizes: read it beside the engine core's "
+            "own TPOT above."
+        )
     rows = check.set_index("sequences")
     one = rows.loc[FITTED_CLIENTS]
     others = rows.drop(FITTED_CLIENTS)
@@ -489,12 +501,13 @@ def calibrate_like_server(
     limits, and the server's torch threads (its worker computes on the cores vLLM binds it
     to, one fewer than the machine's on a small CPU, where the offline engine uses them all),
     so in a process of its own. Kept in `folder`, and measured again only when the settings,
-    the threads, the calibration workloads or the clock's terms differ."""
+    the threads, the calibration workloads, the clock's terms or the way it is fitted differ."""
     import os
     import subprocess
     import sys
 
     from analysis.engines.clock import TERMS, load_profile
+    from analysis.timing.fit import CALIBRATION_METHOD, METHODS
     from analysis.timing.workloads import calibration_workloads
 
     path = Path(folder) / "profile.json"
@@ -510,6 +523,7 @@ def calibrate_like_server(
             and kept.identity.get("model", {}).get("name") == settings["model"]
             and measured == {w.name for w in calibration_workloads(device)}
             and set(kept.coefficients) | set(kept.fit.get("dropped_terms", ())) == set(TERMS)
+            and kept.fit.get("method") == METHODS[CALIBRATION_METHOD]
         ):
             return kept
     command = [sys.executable, "-m", "analysis", "calibrate", "--device", device, "--no-validate"]
@@ -736,7 +750,7 @@ def _cell_words(regime: str, concurrency: int) -> str:
     on conversations in flight that replay checked never held one back)."""
     if str(regime).startswith(POISSON):
         return _workload(regime)
-    return f"{_workload(regime)}, {concurrency} clients"
+    return f"{_workload(regime)}, {concurrency} client{'' if concurrency == 1 else 's'}"
 
 
 def calibration_folder(settings: dict[str, Any], torch_threads: int) -> Path:
