@@ -501,7 +501,7 @@ def test_a_kept_server_profile_is_measured_again_when_its_workloads_or_terms_dif
     charges."""
     from analysis.engines.clock import TERMS
     from analysis.platform.manifest import write_json
-    from analysis.timing.fit import CALIBRATION_METHOD, METHODS
+    from analysis.timing.fit import METHODS, calibration_method
     from analysis.timing.workloads import calibration_workloads
 
     identity = {
@@ -512,7 +512,7 @@ def test_a_kept_server_profile_is_measured_again_when_its_workloads_or_terms_dif
     dropped = sorted(set(TERMS) - set(PROFILE.coefficients))
     if kept_as == "one term short":
         dropped = dropped[1:]
-    method = "seconds" if kept_as == "fitted another way" else CALIBRATION_METHOD
+    method = "seconds" if kept_as == "fitted another way" else calibration_method("cpu")
     fit = {"dropped_terms": dropped, "method": METHODS[method]}
     kept = StepCostProfile(PROFILE.coefficients, PROFILE.admit_s, PROFILE.loop_s, identity, fit)
     write_json(tmp_path / "profile.json", kept.to_dict())

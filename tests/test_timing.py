@@ -20,6 +20,7 @@ from analysis.platform.errors import ConfigError
 from analysis.runs import run
 from analysis.timing.fit import (
     DECODE_BATCH_MIN_STEPS,
+    calibration_method,
     decode_steps_by_batch,
     design_matrix,
     fit_coefficients,
@@ -414,6 +415,8 @@ def test_a_decode_batch_term_holds_what_a_linear_profile_cannot():
     assert (
         batched.fit["fitted"]["median_abs_rel_error"] < linear.fit["fitted"]["median_abs_rel_error"]
     )
+    # what calibrate fits: the batch terms on a CPU, seconds alone on a GPU
+    assert (calibration_method("cpu"), calibration_method("cuda")) == ("seconds-batch", "seconds")
 
 
 def test_the_decode_batch_term_charges_only_decode_only_steps_of_its_sizes(tmp_path):

@@ -26,7 +26,7 @@ import pandas as pd
 
 from analysis.engines.clock import StepCostProfile, run_identity
 from analysis.engines.config import RunConfig
-from analysis.timing.fit import CALIBRATION_METHOD, fit_profile, fittable_steps, residual_summary
+from analysis.timing.fit import calibration_method, fit_profile, fittable_steps, residual_summary
 from analysis.timing.workloads import TimingWorkload, calibration_workloads, held_out_workloads
 
 # The engine every workload runs on, per device (a workload changes what it needs); warmed up
@@ -152,7 +152,7 @@ def calibrate(
     with shared_engines():
         steps, identity = measure_steps(base, calibration_workloads(device), say)
         identity["machine"] = machine_identity(device)
-        profile = fit_profile(steps, identity, method=CALIBRATION_METHOD)
+        profile = fit_profile(steps, identity, method=calibration_method(device))
         say(
             f"profile: {profile.coefficients}; decode batches {profile.decode_batch_s}; admit "
             f"{profile.admit_s:.2e} s, loop {profile.loop_s:.2e} s; fitted {profile.fit['fitted']}"

@@ -10,7 +10,8 @@ Least squares over the terms of `analysis.engines.clock.TERMS`, in one of two wa
   step counts as much as a 300 ms prefill): the typical (median-like) step, and the outside
   costs as medians. Step times are skewed to the slow side, so this profile under-charges a
   whole run by the skew (the first H100 calibrations were fitted so, and say so).
-- `seconds-batch` (what `calibrate` fits now): `seconds` with one more term per small decode
+- `seconds-batch` (what `calibrate` fits on a CPU, `calibration_method`): `seconds` with one
+  more term per small decode
   batch: `decode_batch_s[n]` for the steps that only decode n requests, n from 1 up to the
   first size the calibration decoded fewer than `DECODE_BATCH_MIN_STEPS` times. A linear
   model charges every decoded request alike; on a 2-core CPU a decode of one request and one
@@ -59,10 +60,17 @@ METHODS = {
         "batch size's mean residual"
     ),
 }
-# How `calibrate` fits a new profile (committed calibrations keep their own, `held_out.refit`).
-CALIBRATION_METHOD = "seconds-batch"
 # A batch size's decode-only steps enter `decode_batch_s` when the calibration ran this many.
 DECODE_BATCH_MIN_STEPS = 5
+
+
+def calibration_method(device: str) -> str:
+    """How `calibrate` fits a new profile on `device` (committed calibrations keep their own,
+    `held_out.refit`): with a term per small decode batch on a CPU, whose decodes cost nearly
+    alike from one request to six (the served held-out cells of notebook 08 were missed by
+    that); on seconds alone on a GPU, where the H200 calibration's held-out TTFT came out
+    worse with the batch terms than without (notebook 17 prints every method)."""
+    return "seconds-batch" if device == "cpu" else "seconds"
 
 
 def fit_coefficients(

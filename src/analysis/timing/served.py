@@ -397,11 +397,11 @@ def decode_reading(check: pd.DataFrame, by_batch: bool = False) -> str:
             f"{row.error:+.0%} at {int(row.sequences)}" for row in check.itertuples(index=False)
         )
         return (
-            "The profile's decode-batch term is fitted to its calibration's decode-only steps "
-            "(their mean residual at each batch size), so on those steps its median error by "
-            f"requests decoded is in-sample: {errors}. A held-out TPOT miss lies elsewhere than in "
-            "the shape of a decode's cost across batch sizes: read it beside the engine core's "
-            "own TPOT above."
+            "The profile's decode-batch terms are fitted on its calibration's decode-only "
+            "steps (one free term per small batch size, jointly with the others), so on those "
+            f"steps its median error by requests decoded is in-sample: {errors}. A held-out "
+            "TPOT miss lies elsewhere than in the shape of a decode's cost across batch sizes: "
+            "read it beside the engine core's own TPOT above."
         )
     rows = check.set_index("sequences")
     one = rows.loc[FITTED_CLIENTS]
@@ -507,7 +507,7 @@ def calibrate_like_server(
     import sys
 
     from analysis.engines.clock import TERMS, load_profile
-    from analysis.timing.fit import CALIBRATION_METHOD, METHODS
+    from analysis.timing.fit import METHODS, calibration_method
     from analysis.timing.workloads import calibration_workloads
 
     path = Path(folder) / "profile.json"
@@ -523,7 +523,7 @@ def calibrate_like_server(
             and kept.identity.get("model", {}).get("name") == settings["model"]
             and measured == {w.name for w in calibration_workloads(device)}
             and set(kept.coefficients) | set(kept.fit.get("dropped_terms", ())) == set(TERMS)
-            and kept.fit.get("method") == METHODS[CALIBRATION_METHOD]
+            and kept.fit.get("method") == METHODS[calibration_method(device)]
         ):
             return kept
     command = [sys.executable, "-m", "analysis", "calibrate", "--device", device, "--no-validate"]
