@@ -1,6 +1,6 @@
 """Fit a step-cost profile to a real engine's measured steps.
 
-Least squares over the terms of `analysis.engines.clock.TERMS`, in one of two ways:
+Least squares over the terms of `analysis.engines.clock.TERMS`, in one of three ways:
 
 - `seconds` (the default): on each step's time in seconds, so the profile estimates a step's
   *mean* time for its make-up. A run's latencies and throughput are sums of step times, and
