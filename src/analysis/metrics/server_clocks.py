@@ -12,7 +12,8 @@ under way falls in the hand-over.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import pandas as pd
 
@@ -36,6 +37,25 @@ RECORDED_CLOCK_COLUMNS = SERVER_CLOCK_COLUMNS + DECODE_CLOCK_COLUMNS
 CELL_KEYS = ("mode", "prefix_regime", "concurrency")
 
 
+def _timed_cells(
+    cells: pd.DataFrame, columns: Sequence[str], keys: Sequence[str]
+) -> Iterator[tuple[dict[str, Any], pd.Series, pd.DataFrame]]:
+    """Each cell's keys, its clocks (the cell's sums and counts, on every row) and its
+    measured requests; none where the cells lack `columns` (measured before those clocks
+    were recorded)."""
+    if not set(columns) <= set(cells.columns) or cells[list(columns)].isna().any().any():
+        return
+    for cell, table in cells.groupby(list(keys), sort=False):
+        sent = table[~table["warmup"] & (table["status"] == "ok")]
+        yield dict(zip(keys, cell, strict=True)), table.iloc[0], sent
+
+
+def _mean(clock: pd.Series, timer: str) -> float:
+    """A timer's mean over the requests it timed."""
+    count = clock[f"{timer}_count"]
+    return float(clock[f"{timer}_sum"] / count) if count else float("nan")
+
+
 def server_clocks(cells: pd.DataFrame, keys: Sequence[str] = CELL_KEYS) -> pd.DataFrame:
     """Per cell, where a measured request's time to first token went, by the server's own
     clocks (means over the measured requests of every repeat):
@@ -51,26 +71,15 @@ def server_clocks(cells: pd.DataFrame, keys: Sequence[str] = CELL_KEYS) -> pd.Da
     `timed_every_request`: the server timed as many requests as the client measured
     (otherwise the means are over different requests). Empty where the cells were measured
     before these clocks were recorded."""
-    if not set(SERVER_CLOCK_COLUMNS) <= set(cells.columns) or (
-        cells[list(SERVER_CLOCK_COLUMNS)].isna().any().any()
-    ):
-        return pd.DataFrame()
     rows = []
-    for cell, table in cells.groupby(list(keys), sort=False):
-        clock = table.iloc[0]
-        sent = table[~table["warmup"] & (table["status"] == "ok")]
-
-        def mean(timer: str, clock: pd.Series = clock) -> float:
-            count = clock[f"{timer}_count"]
-            return float(clock[f"{timer}_sum"] / count) if count else float("nan")
-
+    for cell, clock, sent in _timed_cells(cells, SERVER_CLOCK_COLUMNS, keys):
         client = float(sent["ttft_s"].mean())
-        server = mean("time_to_first_token_seconds")
-        queue = mean("request_queue_time_seconds")
-        prefill = mean("request_prefill_time_seconds")
+        server = _mean(clock, "time_to_first_token_seconds")
+        queue = _mean(clock, "request_queue_time_seconds")
+        prefill = _mean(clock, "request_prefill_time_seconds")
         rows.append(
             {
-                **dict(zip(keys, cell, strict=True)),
+                **cell,
                 "requests_measured": len(sent),
                 "timed_every_request": all(
                     int(clock[f"{timer}_count"]) == len(sent)
@@ -97,22 +106,16 @@ def decode_clocks(cells: pd.DataFrame, keys: Sequence[str] = CELL_KEYS) -> pd.Da
     `comparable`: the server timed every measured request and each streamed more than one
     token (vLLM counts a one-token request at 0 s per token, the client not at all). Empty
     where the cells were measured before this clock was recorded."""
-    if not set(DECODE_CLOCK_COLUMNS) <= set(cells.columns) or (
-        cells[list(DECODE_CLOCK_COLUMNS)].isna().any().any()
-    ):
-        return pd.DataFrame()
     rows = []
-    for cell, table in cells.groupby(list(keys), sort=False):
-        clock = table.iloc[0]
-        sent = table[~table["warmup"] & (table["status"] == "ok")]
-        count = int(clock[f"{DECODE_TIMER}_count"])
-        engine = float(clock[f"{DECODE_TIMER}_sum"] / count) if count else float("nan")
+    for cell, clock, sent in _timed_cells(cells, DECODE_CLOCK_COLUMNS, keys):
         client = float(sent["tpot_s"].mean())
+        engine = _mean(clock, DECODE_TIMER)
         rows.append(
             {
-                **dict(zip(keys, cell, strict=True)),
+                **cell,
                 "requests_measured": len(sent),
-                "comparable": count == len(sent) and bool((sent["output_tokens"] > 1).all()),
+                "comparable": int(clock[f"{DECODE_TIMER}_count"]) == len(sent)
+                and bool((sent["output_tokens"] > 1).all()),
                 "client_tpot_s": client,
                 "engine_tpot_s": engine,
                 "frontend_tpot_s": client - engine,

@@ -115,10 +115,11 @@ def grid_points(name_or_path: str | Path, block_budget=None) -> list[Point]:
         missing = SERIES_KEYS - set(series)
         if missing:
             raise GridError(f"series {series.get('name')!r} lacks {', '.join(sorted(missing))}")
-        named = [t for t in series["traces"] if not isinstance(t, str)]
-        if named:
+        unnamed = [t for t in series["traces"] if not isinstance(t, str)]
+        if unnamed:
             raise GridError(
-                f"series {series['name']!r}: traces must be trace names or paths (got {named[0]!r})"
+                f"series {series['name']!r}: traces must be trace names or paths "
+                f"(got {unnamed[0]!r})"
             )
         fields_ = base | {
             k: v for k, v in series.items() if k not in SERIES_KEYS and k != BLOCKHASH_KEY

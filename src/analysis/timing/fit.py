@@ -11,16 +11,16 @@ Least squares over the terms of `analysis.engines.clock.TERMS`, in one of three 
   costs as medians. Step times are skewed to the slow side, so this profile under-charges a
   whole run by the skew (the first H100 calibrations were fitted so, and say so).
 - `seconds-batch` (what `calibrate` fits on a CPU, `calibration_method`): `seconds` with one
-  more term per small decode
-  batch: `decode_batch_s[n]` for the steps that only decode n requests, n from 1 up to the
-  first size the calibration decoded fewer than `DECODE_BATCH_MIN_STEPS` times. A linear
-  model charges every decoded request alike; on a 2-core CPU a decode of one request and one
-  of six cost nearly the same (the linear profile was 9 % under at one and 13 % over at
-  four), and a served clock whose per-step term is fitted on one client carried that
-  difference into every held-out cell. The batch terms may be negative (they move a step's
-  cost either way) and are fitted jointly with the others: each is its steps' mean residual,
-  the others the non-negative least squares on what varies within those steps and on every
-  other step, so a run's summed time is kept as `seconds` keeps it.
+  more term per small decode batch: `decode_batch_s[n]` for the steps that only decode n
+  requests, n from 1 up to the first size the calibration decoded fewer than
+  `DECODE_BATCH_MIN_STEPS` times. A linear model charges every decoded request alike; on a
+  2-core CPU a decode of one request and one of six cost nearly the same (the linear profile
+  was 9 % under at one and 13 % over at four), and a served clock whose per-step term is
+  fitted on one client carried that difference into every held-out cell. The batch terms
+  may be negative (they move a step's cost either way) and are fitted jointly with the
+  others: each is its steps' mean residual, the others the non-negative least squares on
+  what varies within those steps and on every other step, so a run's summed time is kept as
+  `seconds` keeps it.
 
 A negative coefficient has no physical meaning (work that saves time): the coefficients are
 the best non-negative ones, and the profile names the terms left at zero as dropped.
@@ -78,7 +78,7 @@ def fit_coefficients(
 ) -> tuple[dict[str, float], list[str]]:
     """Non-negative coefficients by least squares; returns (coefficients, dropped)."""
     measured = steps["wall_s"].to_numpy(dtype=np.float64)
-    weights = 1.0 / measured if method == "relative" else np.ones_like(measured)  # on seconds
+    weights = 1.0 / measured if method == "relative" else np.ones_like(measured)
     kept = [t for t in terms if _varies(steps, t)]
     matrix = design_matrix(steps, kept) * weights[:, None]
     solution = non_negative_least_squares(matrix, measured * weights)
