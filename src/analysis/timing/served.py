@@ -362,9 +362,9 @@ def tpot_breakdown(clocks: pd.DataFrame, predicted: pd.DataFrame) -> pd.DataFram
 def tpot_reading(breakdown: pd.DataFrame) -> str:
     """Where the TPOT error lies, from `tpot_breakdown` (every number from it): per cell, what
     the way out added per token, and replay against the engine core's own TPOT."""
-    rows = breakdown.dropna(subset=["engine_error"]) if len(breakdown) else breakdown
-    if rows.empty:
+    if breakdown.empty or breakdown["engine_error"].isna().all():
         return ""
+    rows = breakdown.dropna(subset=["engine_error"])
     cells = "; ".join(
         f"{row.mode} {_cell_words(row.prefix_regime, row.concurrency)}: "
         f"{row.engine_tpot_s * 1e3:.1f} ms by the engine core, {row.frontend_tpot_s * 1e3:+.1f} "
