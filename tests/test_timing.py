@@ -450,6 +450,7 @@ def test_calibrate_on_the_real_cpu_engine(tmp_path, monkeypatch):
             "ladder_max": 256,
             "batch": 6,
             "shared_prefix": 96,
+            "short_batch": 3,
             "clients": 2,
             "open": 8,
             "open_rate": 20.0,
@@ -477,11 +478,17 @@ def test_calibrate_on_the_real_cpu_engine(tmp_path, monkeypatch):
         "prefill-ladder",
         "decode-batch",
         "shared-decode",
+        "short-decode",
         "mixed-cached",
         "open-loop",
     }
     shared = result.steps[result.steps["run"] == "shared-decode"]
     assert (shared["distinct_context"] < shared["decode_context"]).any()
+    # small decode batches at short contexts, each size for its steps: 3, then 2, then 1
+    short = result.steps[(result.steps["run"] == "short-decode") & (result.steps["step"] > 1)]
+    assert (short["prefill_requests"] == 0).all()
+    assert short["sequences"].value_counts().sort_index().tolist() == [6, 6, 5]
+    assert (short["decode_context"] < 3 * (64 + 18)).all()
     assert np.isfinite(result.validation.filter(like="_error").to_numpy(dtype=float)).all()
     assert result.validation["against"].tolist() == ["replay on the clock", "real engine, repeat 2"]
     folder = write(result, tmp_path / "calibration")
@@ -500,7 +507,7 @@ def test_calibrate_on_the_real_cpu_engine(tmp_path, monkeypatch):
         workloads.calibration_workloads("cpu"),
         "cpu",
     )
-    assert len(makeup) == 4 and makeup["identical"].all(), makeup
+    assert len(makeup) == 5 and makeup["identical"].all(), makeup
 
 
 def test_the_run_command_refuses_bad_time_settings_in_one_line(tmp_path, capsys):

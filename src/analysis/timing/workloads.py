@@ -9,6 +9,9 @@ Calibration varies what a step's cost depends on, one thing at a time where it c
 - `shared-decode`: every request at once over one long cached prefix, replies of staggered
   lengths, so decode batches that read the same blocks (`distinct_context` against
   `decode_context`) shrink from all requests to one;
+- `short-decode`: a few requests at once with short prompts, replies of staggered lengths, so
+  small decode batches at short contexts too (in `decode-batch` a batch is small only near its
+  end, when its contexts are long: a fit could not tell the batch's size from its context);
 - `mixed-cached`: closed-loop multi-turn conversations sharing a system prompt: prefills
   beside decodes, and cache hits;
 - `open-loop`: single-turn requests of random length arriving as a Poisson process, so
@@ -57,6 +60,7 @@ SIZES = {
         "ladder_max": 1536,
         "batch": 24,
         "shared_prefix": 1024,
+        "short_batch": 8,
         "clients": 6,
         "conversations": 16,
         "singles": 48,
@@ -69,6 +73,7 @@ SIZES = {
         "ladder_max": 3584,
         "batch": 96,
         "shared_prefix": 2048,
+        "short_batch": 16,
         "clients": 16,
         "conversations": 48,
         "singles": 256,
@@ -120,6 +125,23 @@ def shared_decode_batch(count: int, prefix: int, seed: int = 15) -> pd.DataFrame
     return _frame(rows)
 
 
+def short_decode_batch(count: int, steps_per_size: int = 6, seed: int = 16) -> pd.DataFrame:
+    """`count` single-turn requests at once, prompts of 16-64 tokens, replies of
+    `steps_per_size` to `count * steps_per_size` tokens: decode batches of every size from
+    `count` down to one, each for `steps_per_size` steps, at contexts under 64 + that."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(count):
+        prompt = np.concatenate(
+            [[BOS_ID], rng.integers(0, TEXT_ID_LIMIT, int(rng.integers(15, 64)))]
+        )
+        reply = np.concatenate(
+            [rng.integers(0, TEXT_ID_LIMIT, steps_per_size * (i + 1) - 1), [EOT_ID]]
+        )
+        rows.append(_row(f"short{i:03d}", 0, prompt.astype(np.int32), reply.astype(np.int32), i))
+    return _frame(rows)
+
+
 def calibration_workloads(device: str) -> list[TimingWorkload]:
     size = SIZES[device]
     return [
@@ -136,6 +158,11 @@ def calibration_workloads(device: str) -> list[TimingWorkload]:
         TimingWorkload(
             "shared-decode",
             lambda: shared_decode_batch(size["batch"] // 2, size["shared_prefix"]),
+            {"mode": "batch"},
+        ),
+        TimingWorkload(
+            "short-decode",
+            lambda: short_decode_batch(size["short_batch"]),
             {"mode": "batch"},
         ),
         TimingWorkload(
