@@ -451,6 +451,8 @@ def test_calibrate_on_the_real_cpu_engine(tmp_path, monkeypatch):
             "batch": 6,
             "shared_prefix": 96,
             "short_batch": 3,
+            "short_turns": 6,
+            "short_clients": 3,
             "clients": 2,
             "open": 8,
             "open_rate": 20.0,
@@ -479,6 +481,7 @@ def test_calibrate_on_the_real_cpu_engine(tmp_path, monkeypatch):
         "decode-batch",
         "shared-decode",
         "short-decode",
+        "short-turns",
         "mixed-cached",
         "open-loop",
     }
@@ -489,6 +492,9 @@ def test_calibrate_on_the_real_cpu_engine(tmp_path, monkeypatch):
     assert (short["prefill_requests"] == 0).all()
     assert short["sequences"].value_counts().sort_index().tolist() == [6, 6, 5]
     assert (short["decode_context"] < 3 * (64 + 18)).all()
+    # and steps that prefill several short new requests at once
+    turns = result.steps[result.steps["run"] == "short-turns"]
+    assert (turns["new_requests"] > 1).any() and turns["tokens"].max() <= 3 * 97
     assert np.isfinite(result.validation.filter(like="_error").to_numpy(dtype=float)).all()
     assert result.validation["against"].tolist() == ["replay on the clock", "real engine, repeat 2"]
     folder = write(result, tmp_path / "calibration")
@@ -507,7 +513,7 @@ def test_calibrate_on_the_real_cpu_engine(tmp_path, monkeypatch):
         workloads.calibration_workloads("cpu"),
         "cpu",
     )
-    assert len(makeup) == 5 and makeup["identical"].all(), makeup
+    assert len(makeup) == 6 and makeup["identical"].all(), makeup
 
 
 def test_the_run_command_refuses_bad_time_settings_in_one_line(tmp_path, capsys):

@@ -12,18 +12,19 @@ A server does more than its engine, and two named terms hold the rest:
 - `step_s` (s per engine step, added to the profile's `fixed` term): a CPU server runs the
   model in a worker process of its own, so every step crosses from the engine core to the
   worker and back, and its outputs on to the front end, which streams them.
-and a third, `speed` (measured engine time over the profile's): the machine's speed moves
-between the calibration and the server's run (on a 2-core CPU by 10 % within an hour), so the
-engine core's own clocks in the one-client cells set the level at which the profile's shape
+A third, `speed` (the engine's measured time over the profile's), sets the profile's level:
+the machine's speed moves between the calibration and the server's run (on a 2-core CPU by
+10 % within an hour), so the engine core's own clocks decide at what speed the profile's shape
 (what one step costs against another) holds on the server, every coefficient scaled alike.
 All three come from the one-client cells, where nothing queues and TTFT and TPOT are the
-engine's own cost plus the server's: the calibration family. The per-step term is fitted there; the
-per-request term is measured by the server's own clocks (`analysis.metrics.server_clocks`:
-the client's TTFT less the engine core's queue and prefill), so that an error of the engine's
-profile is not moved into it (fitted, it fell to 0 on a noisy machine, and the clients'
-stagger with it). Every cell with more clients,
-caching on and off, is held out. The step-cost profile itself is measured on the real
-engine alone (`analysis.timing.calibration`), never on the server.
+engine's own cost plus the server's: the calibration family. The per-step term is fitted
+there; the speed and the per-request term are measured by the server's own clocks
+(`analysis.metrics.server_clocks`: the engine core's queue, prefill and time per token; the
+client's TTFT less the first two), so that an error of the engine's profile is not moved into
+the per-request term (fitted, it fell to 0 on a noisy machine, and the clients' stagger with
+it). Every cell with more clients, caching on and off, is held out. The step-cost profile
+itself is measured on the real engine alone (`analysis.timing.calibration`), never on the
+server.
 
 A cell's requests (`analysis.serving.replayable`) replay as the client sent them: for
 synthetic cells the warm-up request alone, then each client's requests one after another
@@ -78,7 +79,7 @@ SPEED_HOW = "measured: the engine core's time per request over replay's, one-cli
 
 @dataclass(frozen=True)
 class ServerTerms:
-    """What the server adds to its engine, in seconds."""
+    """What the server adds to its engine, in seconds, and the speed its engine ran at."""
 
     frontend_s: float = 0.0
     step_s: float = 0.0

@@ -12,6 +12,9 @@ Calibration varies what a step's cost depends on, one thing at a time where it c
 - `short-decode`: a few requests at once with short prompts, replies of staggered lengths, so
   small decode batches at short contexts too (in `decode-batch` a batch is small only near its
   end, when its contexts are long: a fit could not tell the batch's size from its context);
+- `short-turns`: closed-loop clients sending short single-turn requests with short replies:
+  steps where several new requests of a few tokens are prefilled beside a few decodes (a fit
+  without them may charge a new request almost nothing or several ms, as its noise falls);
 - `mixed-cached`: closed-loop multi-turn conversations sharing a system prompt: prefills
   beside decodes, and cache hits;
 - `open-loop`: single-turn requests of random length arriving as a Poisson process, so
@@ -61,6 +64,8 @@ SIZES = {
         "batch": 24,
         "shared_prefix": 1024,
         "short_batch": 8,
+        "short_turns": 40,
+        "short_clients": 5,
         "clients": 6,
         "conversations": 16,
         "singles": 48,
@@ -74,6 +79,8 @@ SIZES = {
         "batch": 96,
         "shared_prefix": 2048,
         "short_batch": 16,
+        "short_turns": 160,
+        "short_clients": 16,
         "clients": 16,
         "conversations": 48,
         "singles": 256,
@@ -164,6 +171,17 @@ def calibration_workloads(device: str) -> list[TimingWorkload]:
             "short-decode",
             lambda: short_decode_batch(size["short_batch"]),
             {"mode": "batch"},
+        ),
+        TimingWorkload(
+            "short-turns",
+            lambda: synthetic_trace(
+                num_conversations=size["short_turns"],
+                turns=1,
+                user_tokens=(16, 96),
+                reply_tokens=(2, 8),
+                seed=17,
+            ),
+            {"mode": "closed-loop", "concurrency": size["short_clients"]},
         ),
         TimingWorkload(
             "mixed-cached",
