@@ -85,6 +85,25 @@ def test_a_core_error_is_printed_as_one_line(capsys, tmp_path):
     assert err.startswith(f"error: {trace}") and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("unbuffered", ["", "1"])
+def test_a_reader_that_goes_away_ends_a_listing_quietly(unbuffered):
+    import os
+    import subprocess
+    import sys
+
+    # the reader is gone before the listing writes its first id (as `| head` is after a line):
+    # written line by line or at the end, the write fails; no traceback, SIGPIPE's status
+    listing = subprocess.Popen(
+        [sys.executable, "-m", "analysis", "sweep", "--list", "--grid", "fleet"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": unbuffered},
+    )
+    listing.stdout.close()
+    _, err = listing.communicate(timeout=120)
+    assert err == b"" and listing.returncode == 141
+
+
 def test_prefix_hit_tokens_is_whole_blocks_before_the_last_token():
     assert prefix_hit_tokens(42, 16) == 32
     assert prefix_hit_tokens(33, 16) == 32

@@ -53,13 +53,28 @@ def main(argv: list[str] | None = None) -> int:
     command = next((a for a in argv if not a.startswith("-")), None)
     args = build_parser(command).parse_args(_pass_through(argv, command))
     try:
-        return int(args.handler(args) or 0)
+        status = int(args.handler(args) or 0)
+        sys.stdout.flush()  # a reader gone raises here, not in Python's flush at exit
+        return status
     except AnalysisError as exc:
         print(f"error: {_one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted: nothing partial was kept", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return _reader_gone()
+
+
+def _reader_gone() -> int:
+    """The reader of our output went away (`sweep --list | head`): stop quietly, as a Unix
+    tool ended by SIGPIPE does, and point stdout at /dev/null so that Python's flush at exit
+    does not raise again."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 128 + 13  # SIGPIPE
 
 
 def _pass_through(argv: list[str], command: str | None) -> list[str]:
