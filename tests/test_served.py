@@ -3,7 +3,6 @@ replays as, and the server's terms recovered from a server whose times are known
 
 from __future__ import annotations
 
-from dataclasses import replace
 from types import SimpleNamespace
 
 import pandas as pd
@@ -234,54 +233,6 @@ def test_the_per_request_term_is_measured_by_the_server_clocks_where_they_ran(tm
     assert fitted.frontend_s == pytest.approx(known.frontend_s, abs=PROFILE.loop_s)
 
 
-def engine_clocks_of(cells: pd.DataFrame, truth: pd.DataFrame, frontend_s: float) -> pd.DataFrame:
-    """`cells` measured by `truth` with the server's clocks as that server would keep them:
-    its engine core's mean TTFT (the client's less `frontend_s`) and TPOT, per cell."""
-    measured = measured_by(cells, truth)
-    frames = []
-    for _, cell in measured.groupby(served.CELL_KEYS, sort=False):
-        sent = cell[~cell["warmup"]]
-        timed = with_clocks(cell, frontend_s)
-        frames.append(with_decode_clock(timed, float(sent["tpot_s"].mean())))
-    return pd.concat(frames, ignore_index=True)
-
-
-@pytest.mark.engine
-def test_an_engine_slower_than_its_profile_is_brought_to_its_speed_by_its_own_clocks(tmp_path):
-    cells = sent_cells()
-    # the machine slowed by 20 % between the calibration and the server's run
-    known = served.ServerTerms(frontend_s=0.012, speed=1.2)
-    truth = served.replay_cells(cells, SETTINGS, PROFILE, known, tmp_path)
-    measured = engine_clocks_of(cells, truth, known.frontend_s)
-
-    fitted = served.fit_terms(measured, SETTINGS, PROFILE, tmp_path)
-    # exact but for the driver's time of one loop, as without the clocks
-    assert fitted.speed == pytest.approx(1.2, rel=PROFILE.loop_s / PROFILE.coefficients["fixed"])
-    assert fitted.step_s == pytest.approx(0.0, abs=1e-5)
-    assert fitted.frontend_s == pytest.approx(known.frontend_s)
-    predicted = served.replay_cells(measured, SETTINGS, PROFILE, fitted, tmp_path)
-    table = served.errors(served.matched(measured, predicted))
-    assert table["error"].abs().max() < 2e-3
-    assert (table["met_by"] == "the goal").all()
-    assert "its time 1.200x the profile's" in served.reading(table, fitted, 1)
-    # the profile alone, at the calibration's speed, misses every held-out cell's TPOT by
-    # about the 20 % (the clients' think time does not scale)
-    alone = served.replay_cells(
-        measured, SETTINGS, PROFILE, replace(fitted, speed=1.0, step_s=0.0), tmp_path
-    )
-    slow = served.errors(served.matched(measured, alone))
-    held = slow[(slow["family"] == "held out") & (slow["statistic"] == "mean_tpot")]
-    assert held["error"].between(-0.2, -0.12).all() and (held["met_by"] == "missed").all()
-    # every term scales alike, the decode-batch terms and the costs outside a step too
-    batched = replace(PROFILE, decode_batch_s={1: 0.002})
-    scaled = served.with_server(batched, served.ServerTerms(step_s=0.001, speed=1.5))
-    assert scaled.coefficients["fixed"] == pytest.approx(0.004 * 1.5 + 0.001)
-    assert scaled.coefficients["token"] == pytest.approx(2e-5 * 1.5)
-    assert (scaled.decode_batch_s[1], scaled.admit_s, scaled.loop_s) == pytest.approx(
-        (0.003, 1.5e-4, 1.5e-5)
-    )
-
-
 @pytest.mark.engine
 def test_a_server_slower_than_predicted_is_named_as_a_miss(tmp_path):
     cells = sent_cells()
@@ -496,7 +447,7 @@ def test_another_workload_is_predicted_with_the_kept_profile_and_terms(tmp_path)
 
     with pytest.raises(ConfigError, match="run notebook 08 first"):
         served.read_validated(tmp_path)
-    known = served.ServerTerms(frontend_s=0.008, step_s=0.0015, speed=1.1)
+    known = served.ServerTerms(frontend_s=0.008, step_s=0.0015)
     write_json(tmp_path / "profile.json", PROFILE.to_dict())
     served.write_terms(tmp_path, known, ["run-a"])
     cells = conversation_cells()

@@ -12,19 +12,14 @@ A server does more than its engine, and two named terms hold the rest:
 - `step_s` (s per engine step, added to the profile's `fixed` term): a CPU server runs the
   model in a worker process of its own, so every step crosses from the engine core to the
   worker and back, and its outputs on to the front end, which streams them.
-A third, `speed` (the engine's measured time over the profile's), sets the profile's level:
-the machine's speed moves between the calibration and the server's run (on a 2-core CPU by
-10 % within an hour), so the engine core's own clocks decide at what speed the profile's shape
-(what one step costs against another) holds on the server, every coefficient scaled alike.
-All three come from the one-client cells, where nothing queues and TTFT and TPOT are the
-engine's own cost plus the server's: the calibration family. The per-step term is fitted
-there; the speed and the per-request term are measured by the server's own clocks
-(`analysis.metrics.server_clocks`: the engine core's queue, prefill and time per token; the
-client's TTFT less the first two), so that an error of the engine's profile is not moved into
-the per-request term (fitted, it fell to 0 on a noisy machine, and the clients' stagger with
-it). Every cell with more clients, caching on and off, is held out. The step-cost profile
-itself is measured on the real engine alone (`analysis.timing.calibration`), never on the
-server.
+Both come from the one-client cells, where nothing queues and TTFT and TPOT are the engine's
+own cost plus the server's: the calibration family. The per-step term is fitted there; the
+per-request term is measured by the server's own clocks (`analysis.metrics.server_clocks`:
+the client's TTFT less the engine core's queue and prefill), so that an error of the engine's
+profile is not moved into it (fitted, it fell to 0 on a noisy machine, and the clients'
+stagger with it). Every cell with more clients,
+caching on and off, is held out. The step-cost profile itself is measured on the real
+engine alone (`analysis.timing.calibration`), never on the server.
 
 A cell's requests (`analysis.serving.replayable`) replay as the client sent them: for
 synthetic cells the warm-up request alone, then each client's requests one after another
@@ -74,27 +69,19 @@ CALIBRATED_SETTINGS = (
 # TTFT against replay's (cells measured before the server's clocks were recorded).
 FRONTEND_MEASURED = "measured: the client's TTFT less the engine core's queue and prefill"
 FRONTEND_FITTED = "fitted: the client's TTFT less replay's"
-SPEED_HOW = "measured: the engine core's time per request over replay's, one-client cells (median)"
 
 
 @dataclass(frozen=True)
 class ServerTerms:
-    """What the server adds to its engine, in seconds, and the speed its engine ran at."""
+    """What the server adds to its engine, in seconds."""
 
     frontend_s: float = 0.0
     step_s: float = 0.0
     frontend_source: str = FRONTEND_FITTED
-    speed: float = 1.0  # the server's engine time over the profile's (SPEED_HOW)
 
     def table(self) -> pd.DataFrame:
         return pd.DataFrame(
             [
-                (
-                    "speed",
-                    self.speed,
-                    "measured engine time / the profile's (every coefficient scaled by it)",
-                    SPEED_HOW if self.speed != 1.0 else "none: the server's clocks were not kept",
-                ),
                 (
                     "frontend_s",
                     self.frontend_s,
@@ -113,18 +100,10 @@ class ServerTerms:
 
 
 def with_server(profile: StepCostProfile, terms: ServerTerms) -> StepCostProfile:
-    """The engine's profile at the speed the server's engine ran at, with the server's cost
-    per step in its `fixed` term."""
-    speed = terms.speed
-    coefficients = {term: value * speed for term, value in profile.coefficients.items()}
+    """The engine's profile with the server's cost per step in its `fixed` term."""
+    coefficients = dict(profile.coefficients)
     coefficients["fixed"] = coefficients.get("fixed", 0.0) + terms.step_s
-    return replace(
-        profile,
-        coefficients=coefficients,
-        decode_batch_s={n: value * speed for n, value in profile.decode_batch_s.items()},
-        admit_s=profile.admit_s * speed,
-        loop_s=profile.loop_s * speed,
-    )
+    return replace(profile, coefficients=coefficients)
 
 
 def replayed_pool_blocks(settings: dict[str, Any]) -> int:
@@ -311,50 +290,20 @@ def fit_terms(
     the median over the cells of the client's TTFT less the engine core's queue and prefill),
     so that an error of the engine's profile stays in the TTFT error instead of moving into
     this term; otherwise it is fitted, with the step term in the clock: what the client's
-    TTFT exceeds replay's by. Where the engine core's clocks were kept, the profile is first
-    brought to the speed they measured (`engine_speed`). Medians over requests; a term is
-    never negative."""
+    TTFT exceeds replay's by. Medians over requests; a term is never negative."""
     ones = cells[cells["concurrency"] == FITTED_CLIENTS]
-    alone = replay_cells(ones, settings, profile, ServerTerms(), scratch)
-    speed = engine_speed(ones, alone)
-    if speed != 1.0:
-        alone = replay_cells(ones, settings, profile, ServerTerms(speed=speed), scratch)
-    engine_only = matched(ones, alone)
+    engine_only = matched(ones, replay_cells(ones, settings, profile, ServerTerms(), scratch))
     decoding = engine_only[engine_only["output_tokens"] > 1]
     step = max(0.0, float((decoding["tpot_s_measured"] - decoding["tpot_s_predicted"]).median()))
     clocks = server_clocks(ones)
     if not clocks.empty and clocks["timed_every_request"].all():
         frontend = float(clocks["frontend_s"].median())
-        return ServerTerms(max(0.0, frontend), step, FRONTEND_MEASURED, speed)
+        return ServerTerms(max(0.0, frontend), step, FRONTEND_MEASURED)
     stepped = matched(
         ones, replay_cells(ones, settings, profile, ServerTerms(step_s=step), scratch)
     )
     frontend = float((stepped["ttft_s_measured"] - stepped["ttft_s_predicted"]).median())
     return ServerTerms(frontend_s=max(0.0, frontend), step_s=step)
-
-
-def engine_speed(cells: pd.DataFrame, engine_only: pd.DataFrame) -> float:
-    """How much longer the server's engine took than the profile, by the engine core's own
-    clocks: per cell, its time per measured request (queue and prefill, then each further
-    token) over replay's on the profile alone for the same requests; the median over the
-    cells. 1.0 where the cells lack either clock or the server timed fewer requests."""
-    ttft, tpot = server_clocks(cells), decode_clocks(cells)
-    if ttft.empty or tpot.empty:
-        return 1.0
-    if not (ttft["timed_every_request"].all() and tpot["comparable"].all()):
-        return 1.0
-    sent = cells[~cells["warmup"] & (cells["status"] == "ok")]
-    decodes = (sent.groupby(CELL_KEYS, sort=False)["output_tokens"].mean() - 1).rename("decodes")
-    replayed = engine_only[~engine_only["warmup"]].groupby(CELL_KEYS, sort=False)
-    table = (
-        ttft.merge(tpot, on=CELL_KEYS)
-        .merge(decodes.reset_index(), on=CELL_KEYS)
-        .merge(replayed[["ttft_s", "tpot_s"]].mean().reset_index(), on=CELL_KEYS)
-    )
-    measured = table["engine_queue_s"] + table["engine_prefill_s"]
-    measured += table["engine_tpot_s"] * table["decodes"]
-    modelled = table["ttft_s"] + table["tpot_s"] * table["decodes"]
-    return float((measured / modelled).median())
 
 
 def ttft_breakdown(
@@ -390,8 +339,7 @@ def engine_reading(breakdown: pd.DataFrame) -> str:
     return (
         f"By the server's own clocks, its front end took {ones['frontend_s'].min() * 1e3:.1f}-"
         f"{ones['frontend_s'].max() * 1e3:.1f} ms per request in the one-client cells, and "
-        "replay's engine (the profile at the fitted speed, with the per-step term) against the "
-        "engine core's time "
+        "replay's engine (the profile with the per-step term) against the engine core's time "
         f"from queued to the first token was: {cells}."
     )
 
@@ -648,14 +596,7 @@ def reading(
     lines = [
         f"The server's terms, from {fitted_on}: {terms.frontend_s * 1e3:.1f} ms per request "
         f"({terms.frontend_source}) and {terms.step_s * 1e3:.1f} ms per step (fitted), on an "
-        f"engine profile measured with {torch_threads} torch thread(s), as the server runs"
-        + (
-            f", and brought to the speed the server's engine ran at by its own clocks (its "
-            f"time {terms.speed:.3f}x the profile's)"
-            if terms.speed != 1.0
-            else ""
-        )
-        + ". "
+        f"engine profile measured with {torch_threads} torch thread(s), as the server runs. "
         f"Of {len(held)} held-out "
         f"statistics ({held[CELL_KEYS].drop_duplicates().shape[0]} cells x "
         f"{len(STATISTICS)}), {goal} {'is' if goal == 1 else 'are'} within the goal and "
@@ -966,7 +907,6 @@ def write_terms(folder: Path, terms: ServerTerms, fitted_on: list[str]) -> Path:
             "frontend_s": terms.frontend_s,
             "step_s": terms.step_s,
             "frontend_source": terms.frontend_source,
-            "speed": terms.speed,
             "fitted_on": fitted_on,
         },
     )
@@ -992,7 +932,6 @@ def read_validated(folder: Path) -> tuple[StepCostProfile, ServerTerms]:
         float(data["frontend_s"]),
         float(data["step_s"]),
         data.get("frontend_source", FRONTEND_FITTED),
-        float(data.get("speed", 1.0)),
     )
     return load_profile(Path(folder) / "profile.json"), terms
 
