@@ -195,6 +195,7 @@ def test_the_server_terms_are_recovered_and_held_out_cells_predicted_exactly(tmp
     table = served.errors(served.matched(measured, predicted))
     assert table["error"].abs().max() < 2e-3
     assert (table["met_by"] == "the goal").all()
+    assert served.reading(table, fitted, 1).endswith("; none misses.\n")
     assert set(table.loc[table["family"] == "held out", "concurrency"]) == {3}
     served.checks(measured, predicted, table).assert_all()
     # with three clients the requests queue: the held-out TTFT is not the one-client TTFT

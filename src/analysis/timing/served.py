@@ -600,7 +600,8 @@ def reading(
         f"Of {len(held)} held-out "
         f"statistics ({held[CELL_KEYS].drop_duplicates().shape[0]} cells x "
         f"{len(STATISTICS)}), {goal} {'is' if goal == 1 else 'are'} within the goal and "
-        f"{spread} more within the server's own repeat-to-repeat spread; {len(misses)} miss:",
+        f"{spread} more within the server's own repeat-to-repeat spread; "
+        + (f"{len(misses)} miss:" if len(misses) else "none misses."),
         "",
     ]
     for row in misses.itertuples(index=False):
