@@ -105,16 +105,24 @@ def prefill_ladder(max_tokens: int, seed: int = 11) -> pd.DataFrame:
     return _frame(rows)
 
 
-def decode_batch(count: int, seed: int = 12) -> pd.DataFrame:
-    """`count` single-turn requests at once, prompts of 64-768 tokens, replies of 2 to
-    2 * count tokens: the decode batch shrinks one request at a time."""
+def decode_batch(
+    count: int,
+    seed: int = 12,
+    prompt_tokens: tuple[int, int] = (64, 768),
+    reply_step: int = 2,
+    name: str = "batch",
+) -> pd.DataFrame:
+    """`count` single-turn requests at once, prompts of `prompt_tokens` (inclusive range),
+    replies of `reply_step` - 1 to `count * reply_step` - 1 tokens and their end: the decode
+    batch shrinks one request every `reply_step` steps."""
     rng = np.random.default_rng(seed)
+    low, high = prompt_tokens
     rows = []
     for i in range(count):
-        length = int(rng.integers(64, 769))
+        length = int(rng.integers(low, high + 1))
         prompt = np.concatenate([[BOS_ID], rng.integers(0, TEXT_ID_LIMIT, length - 1)])
-        reply = np.concatenate([rng.integers(0, TEXT_ID_LIMIT, 2 * i + 1), [EOT_ID]])
-        rows.append(_row(f"batch{i:03d}", 0, prompt.astype(np.int32), reply.astype(np.int32), i))
+        reply = np.concatenate([rng.integers(0, TEXT_ID_LIMIT, reply_step * (i + 1) - 1), [EOT_ID]])
+        rows.append(_row(f"{name}{i:03d}", 0, prompt.astype(np.int32), reply.astype(np.int32), i))
     return _frame(rows)
 
 
@@ -133,20 +141,10 @@ def shared_decode_batch(count: int, prefix: int, seed: int = 15) -> pd.DataFrame
 
 
 def short_decode_batch(count: int, steps_per_size: int = 6, seed: int = 16) -> pd.DataFrame:
-    """`count` single-turn requests at once, prompts of 16-64 tokens, replies of
-    `steps_per_size` to `count * steps_per_size` tokens: decode batches of every size from
-    `count` down to one, each for `steps_per_size` steps, at contexts under 64 + that."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for i in range(count):
-        prompt = np.concatenate(
-            [[BOS_ID], rng.integers(0, TEXT_ID_LIMIT, int(rng.integers(15, 64)))]
-        )
-        reply = np.concatenate(
-            [rng.integers(0, TEXT_ID_LIMIT, steps_per_size * (i + 1) - 1), [EOT_ID]]
-        )
-        rows.append(_row(f"short{i:03d}", 0, prompt.astype(np.int32), reply.astype(np.int32), i))
-    return _frame(rows)
+    """`decode_batch` with prompts of 16-64 tokens, each batch size decoded for
+    `steps_per_size` steps: decode batches of every size from `count` down to one at contexts
+    under 64 + that."""
+    return decode_batch(count, seed, (16, 64), steps_per_size, "short")
 
 
 def calibration_workloads(device: str) -> list[TimingWorkload]:
