@@ -246,3 +246,19 @@ def test_a_force_rewrite_killed_at_the_swap_leaves_the_old_cell_reused(bench):
     bench.run()  # no --force
     assert bench.sent == 0  # the old cell was put back and reused, not measured again
     assert cell_files(cell) == before
+
+
+def test_one_cells_speed_probe_after_is_the_next_cells_before(bench, monkeypatch):
+    probes: list[float] = []
+
+    def probe(server) -> float:  # each probe answers a new speed
+        probes.append(1000.0 + len(probes))
+        return probes[-1]
+
+    monkeypatch.setattr(benchmark, "prefill_speed", probe)
+    table = bench.run(dataclasses.replace(bench.config, prefixes=(0, 64, 128)))
+    assert probes == [1000.0, 1001.0, 1002.0, 1003.0]  # three cells, four probes, not six
+    speeds = table.sort_values("prefix_regime", key=lambda s: s.astype(int))[
+        ["prefill_tok_s_before", "prefill_tok_s_after"]
+    ]
+    assert speeds.values.tolist() == [[1000.0, 1001.0], [1001.0, 1002.0], [1002.0, 1003.0]]

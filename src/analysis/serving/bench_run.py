@@ -72,7 +72,8 @@ PROBE_REPEATS = 2
 def prefill_speed(server: VllmServer, probe_tokens: int = 1024) -> float:
     """Prefill tokens/s of one uncached request alone, now: the TTFT of a `probe_tokens`
     prompt less that of a 32-token one, from an emptied cache. Measured before and after
-    each cell, so that load from anything else on the machine shows in the cell's record.
+    each cell (one cell's after is the next one's before), so that load from anything else on
+    the machine shows in the cell's record.
 
     A warm-up request goes first and each size is sent `PROBE_REPEATS` times, its fastest TTFT
     counting: a lone first request pays one-off costs (a fresh connection, the first request
