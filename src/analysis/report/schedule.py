@@ -19,6 +19,12 @@ hope that they would take only the cycles the study leaves free, was measured an
 2-core AMD EPYC the whole nbval took 16m53s against 17m39s alone, notebook 11 took 5m29s against
 2m00s, and the study's cells moved against a quiet run by as much as +110 % in mean TPOT and
 -36 % in requests/s.
+
+Running nbval's notebooks that neither time the study nor read it (every one but 08, 10-12 and
+16) beside pytest, which times nothing either, was measured and dropped too: in a fresh
+`.ci/run` on a 2-core AMD EPYC, pytest took 12m55s beside them and they 12m06s, together as
+long as the two had taken one after the other (7m48s and about 5 minutes). Both keep the two
+cores busy on their own; `make test` runs them one after the other.
 """
 
 from __future__ import annotations
