@@ -745,3 +745,61 @@ def test_hit_rates_set_the_servers_counters_beside_replay_and_an_ideal_cache():
     assert rates.loc["cache"].tolist() == [0.03, 0.032, 0.48]  # the warm-up left out
     assert rates.loc["no_cache", "server"] == 0.0 and rates.loc["no_cache", "replay"] == 0.0
     assert pd.isna(rates.loc["no_cache", "ideal_cache"])  # no cache, no ideal to reach
+
+
+def _repeats(values: dict[tuple[str, str, int], list[float]], statistic: str = "p50_ttft"):
+    """Per-repeat statistics as `per_repeat` gives them: (mode, prefix, clients) -> measured."""
+    return pd.DataFrame(
+        [
+            {"mode": mode, "prefix_regime": prefix, "concurrency": clients, "repeat": repeat,
+             "statistic": statistic, "measured": value, "predicted": value}
+            for (mode, prefix, clients), measured in values.items()
+            for repeat, value in enumerate(measured)
+        ]
+    )  # fmt: skip
+
+
+def test_identical_work_is_how_far_two_servers_medians_lay_apart():
+    repeats = _repeats(
+        {
+            ("cache", "0", 4): [1.0, 1.2, 1.1],  # median 1.1
+            ("no_cache", "0", 4): [0.9, 1.0, 0.9],  # median 0.9: 0.2 apart over a mean of 1.0
+            ("cache", "256", 4): [5.0, 5.0, 5.0],  # a shared prefix: not identical work
+            ("no_cache", "256", 4): [9.0, 9.0, 9.0],
+        }
+    )
+    identical = served.identical_work(repeats)
+    assert identical[["concurrency", "statistic"]].values.tolist() == [[4, "p50_ttft"]]
+    assert identical["apart"].iloc[0] == pytest.approx(0.2)
+    held = pd.DataFrame(
+        [
+            {"mode": "cache", "prefix_regime": "256", "concurrency": 4, "family": "held out",
+             "statistic": "p50_ttft", "error": error, "met_by": met_by}
+            for error, met_by in ((-0.15, "missed"), (0.25, "missed"), (0.03, "the goal"))
+        ]
+    )  # fmt: skip
+    reading = served.identical_work_reading(identical, held)
+    assert "lay apart by up to 20% at 4 clients (p50_ttft), a measure" in reading
+    assert "Of the 3 held-out statistics at those client counts, 2 lie" in reading
+    assert "1 of the 2 misses among them" in reading
+    one_server = served.identical_work(repeats[repeats["mode"] == "cache"])
+    assert one_server.empty
+    assert served.identical_work_reading(one_server, held).startswith("No cells here")
+
+
+def test_the_cells_without_a_prefix_are_an_a_a_pair_only_when_sent_alike_and_uncached():
+    cells = sent_cells(repeats=1)
+    cells["prefix_regime"] = "0"
+    cells["cached_tokens"] = 0
+    assert served.identical_work_checks(cells).assert_all()["holds"].all()
+    changed = cells.copy()
+    first_on = changed.index[(changed["mode"] == "cache") & ~changed["warmup"]][0]
+    changed.at[first_on, "prompt_ids"] = [*changed.at[first_on, "prompt_ids"], 7]
+    with pytest.raises(AssertionError, match="sent to one server only"):
+        served.identical_work_checks(changed).assert_all()
+    hit = cells.copy()
+    hit.loc[hit.index[~hit["warmup"]][0], "cached_tokens"] = 32
+    with pytest.raises(AssertionError, match="served from a cache"):
+        served.identical_work_checks(hit).assert_all()
+    with pytest.raises(AssertionError, match="measured on both servers"):
+        served.identical_work_checks(cells[cells["mode"] == "cache"]).assert_all()

@@ -490,6 +490,76 @@ def errors(pairs: pd.DataFrame, fitted_clients: int | None = FITTED_CLIENTS) -> 
     return pd.DataFrame(rows)
 
 
+# The synthetic grid's cells without a shared prefix send the same requests with caching on
+# and off, and neither serves a token from the cache: the two servers do identical work.
+NO_PREFIX = "0"
+
+
+def identical_work(repeats: pd.DataFrame) -> pd.DataFrame:
+    """What two servers measured for identical work (an A/A pair): per client count and
+    statistic, the median over repeats of the caching-on and caching-off servers' cells
+    without a shared prefix, and how far apart they are (their difference over their mean).
+    Empty where the cells hold no such pair (conversations, open loops)."""
+    pair = repeats[repeats["prefix_regime"].astype(str) == NO_PREFIX]
+    medians = pair.groupby(["concurrency", "statistic", "mode"])["measured"].median().unstack()
+    if not {"cache", "no_cache"} <= set(medians.columns):
+        return pd.DataFrame(columns=["concurrency", "statistic", "cache", "no_cache", "apart"])
+    medians = medians[["cache", "no_cache"]].dropna()
+    medians["apart"] = (medians["cache"] - medians["no_cache"]).abs() / medians.mean(axis=1)
+    return medians.reset_index().rename_axis(columns=None)
+
+
+def identical_work_checks(cells: pd.DataFrame) -> Checks:
+    """What makes the cells without a shared prefix an A/A pair: at every client count both
+    servers were sent the same requests, in every repeat, and served none of their prompt
+    tokens from the cache."""
+    pair = cells[(cells["prefix_regime"].astype(str) == NO_PREFIX) & ~cells["warmup"]]
+    keys = ["concurrency", "repeat", "request_id"]
+
+    def sent(mode: str) -> set[tuple]:
+        rows = pair[pair["mode"] == mode]
+        return {(*key, tuple(ids)) for *key, ids in rows[[*keys, "prompt_ids"]].itertuples(False)}
+
+    on, off = sent("cache"), sent("no_cache")
+    result = Checks()
+    result.add("cells without a prefix measured on both servers", True, bool(on) and bool(off))
+    result.add("of those requests, sent to one server only (or differently)", 0, len(on ^ off))
+    cached = pd.to_numeric(pair["cached_tokens"]).fillna(0)
+    result.add("of their prompt tokens, served from a cache", 0, int(cached.sum()))
+    return result
+
+
+def identical_work_reading(identical: pd.DataFrame, table: pd.DataFrame) -> str:
+    """The A/A pair in words beside replay's held-out errors at the same client counts: how
+    far two measurements of the same work lay apart on this machine, and how many held-out
+    errors (misses among them) were no larger. Every number from the two tables."""
+    if identical.empty:
+        return "No cells here measure identical work on both servers."
+    held = table[table["family"] == "held out"].merge(
+        identical[["concurrency", "statistic", "apart"]], on=["concurrency", "statistic"]
+    )
+    widest = identical.loc[identical.groupby("concurrency")["apart"].idxmax()]
+    apart = " and ".join(
+        f"{row.apart:.0%} at {int(row.concurrency)} client{'' if row.concurrency == 1 else 's'}"
+        f" ({row.statistic})"
+        for row in widest.itertuples(index=False)
+    )
+    inside = held[held["error"].abs() <= held["apart"]]
+    missed = held[held["met_by"] == "missed"]
+    missed_inside = missed[missed["error"].abs() <= missed["apart"]]
+    return (
+        "**Identical work, two servers.** Without a shared prefix, the caching-on and "
+        "caching-off servers were sent the same requests and neither served a token from its "
+        f"cache: their medians over repeats lay apart by up to {apart}, a measure of this "
+        "machine's noise between two runs of one workload, beside the repeat-to-repeat spread "
+        "within a run. "
+        f"Of the {len(held)} held-out statistics at those client counts, {len(inside)} lie "
+        "no farther from the measurement than the two servers lay from each other, "
+        f"{len(missed_inside)} of the {len(missed)} misses among them. The verdicts above do "
+        "not count this spread: it is measured on the cells without a prefix only."
+    )
+
+
 def calibrate_like_server(
     settings: dict[str, Any],
     folder: Path,
