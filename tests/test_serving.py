@@ -18,6 +18,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import psutil
@@ -700,13 +701,22 @@ def test_offline_prefix_sweep_hits_only_with_caching_on(tiny_model, tmp_path):
         long_prompts=2,
         long_output_lens=(2,),
         long_rounds=2,
+        repeats=2,
     )
     raw = serving.run_prefix_sweep(config, root=tmp_path, progress=False)
     sweep = raw[raw.experiment == "sweep"]
-    cached = sweep.set_index(["mode", "fraction"])["cached_tokens"]
+    cached = sweep.groupby(["mode", "fraction"])["cached_tokens"].max()
     assert cached[("cache", 0.0)] == 0
-    assert cached[("cache", 1.0)] == 2 * 224  # 2 repeats x 7 full blocks (last token recomputed)
+    assert cached[("cache", 1.0)] == 2 * 224  # 2 later prompts x 7 full blocks (last recomputed)
     assert cached[("no_cache", 0.0)] == 0 and cached[("no_cache", 1.0)] == 0
+    # both engines ran at once, their batches alternated in mirrored order: on, off, off, on
+    order = sweep.sort_values("order")[["fraction", "repeat", "mode"]].values.tolist()
+    assert order == [
+        [fraction, repeat, mode]
+        for fraction in (0.0, 1.0)
+        for repeat, modes in enumerate((("cache", "no_cache"), ("no_cache", "cache")))
+        for mode in modes
+    ]
     assert (sweep.req_s > 0).all() and (sweep.num_prompts == 3).all()
     assert len(list(Path(tmp_path).glob("prefix-sweep-*/manifest.json"))) == 2
     # long prefill: round 1 is cold, round 2 finds both unique prompts (7 full blocks each)
@@ -714,6 +724,54 @@ def test_offline_prefix_sweep_hits_only_with_caching_on(tiny_model, tmp_path):
     assert long[("cache", 1)] == 0 and long[("cache", 2)] == 2 * 224
     assert long[("no_cache", 1)] == 0 and long[("no_cache", 2)] == 0
     assert serving.long_prefill_table(raw).shape == (4, 1)
+
+
+class _FakeEngine:
+    """Stands in for `vllm.LLM` in the sweep's bookkeeping: every request a token, no hit."""
+
+    def __init__(self, started: list[str], mode: str) -> None:
+        started.append(mode)
+
+    def reset_prefix_cache(self) -> None:
+        pass
+
+    def generate(self, prompts, params, use_tqdm=False):
+        token = SimpleNamespace(token_ids=[1])
+        return [SimpleNamespace(num_cached_tokens=0, outputs=[token]) for _ in prompts]
+
+
+@pytest.mark.parametrize(
+    ("interleaved", "measured"), [(True, ["cache", "no_cache"]), (False, ["no_cache"])]
+)
+def test_an_interleaved_sweep_measures_every_mode_again_with_a_missing_one(
+    tmp_path, monkeypatch, interleaved, measured
+):
+    """A mode kept from an earlier run cannot pair its batches with a new run's: interleaved,
+    both are measured again; one after the other, only the missing mode."""
+    from analysis.serving import prefix_sweep
+
+    started: list[str] = []
+    monkeypatch.setattr(
+        prefix_sweep, "_engine", lambda config, model, mode: _FakeEngine(started, mode)
+    )
+    config = serving.PrefixSweepConfig(
+        model="tiny-llama", fractions=(0.0,), num_prompts=2, input_len=64, output_len=1,
+        interleaved=interleaved,
+    )  # fmt: skip
+    serving.run_prefix_sweep(config, root=tmp_path, progress=False)
+    assert started == ["cache", "no_cache"]
+    model = serving.resolve_model("tiny-llama")
+    (tmp_path / prefix_sweep.sweep_run_id(config, model, "no_cache") / "manifest.json").unlink()
+    started.clear()
+    again = serving.run_prefix_sweep(config, root=tmp_path, progress=False)
+    assert started == measured
+    assert sorted(again["mode"].unique()) == ["cache", "no_cache"]
+
+
+def test_engines_sized_by_a_share_of_gpu_memory_do_not_interleave():
+    assert serving.PrefixSweepConfig().interleaves
+    assert not serving.PrefixSweepConfig(gpu_memory_utilization=0.85).interleaves
+    assert not serving.PrefixSweepConfig(interleaved=False).interleaves
 
 
 def test_group_members_sees_only_live_processes():

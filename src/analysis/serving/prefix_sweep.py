@@ -55,6 +55,17 @@ class PrefixSweepConfig:
     long_output_lens: tuple[int, ...] = (2, 4, 8, 16, 32, 64, 128)
     long_rounds: int = 3
     budget_s: float | None = None  # per mode: fewer repeats (>= 2) when the first batch is slow
+    # Both modes' engines kept at once and their timed batches alternated (on, off, off, on,
+    # ...), so that a change in the machine's speed falls on both modes alike; False: one
+    # engine after the other, minutes apart (see `interleaves`).
+    interleaved: bool = True
+
+    @property
+    def interleaves(self) -> bool:
+        """Whether the modes' batches alternate: asked for, and each engine's KV pool fixed in
+        bytes. An engine sized by `gpu_memory_utilization` claims a share of the GPU's memory,
+        and two such shares need not fit at once: those run one after the other."""
+        return self.interleaved and self.gpu_memory_utilization is None
 
     def __post_init__(self) -> None:
         if self.long_input_len and (
@@ -117,17 +128,24 @@ def _engine(config: PrefixSweepConfig, model: str, mode: str) -> Any:
     )
 
 
-def _sweep_one_mode(config: PrefixSweepConfig, model: str, mode: str, progress: bool) -> list[dict]:
-    """One engine; per fraction, `repeats` timed `generate`s of all prompts, each from an
-    emptied cache."""
+def _sweep_modes(
+    config: PrefixSweepConfig, model: str, modes: Sequence[str], progress: bool
+) -> dict[str, list[dict]]:
+    """One engine per mode, all started first; per fraction, `repeats` timed `generate`s of
+    all prompts, each from an emptied cache, the modes' batches alternated in mirrored order
+    (a, b, b, a, ...) so that a drift in the machine's speed lands on every mode alike; then
+    each mode's long-prefill table."""
     import gc
 
     from tqdm import tqdm
     from vllm import SamplingParams
 
-    started = time.perf_counter()
-    llm = _engine(config, model, mode)
-    startup_s = time.perf_counter() - started
+    engines: dict[str, Any] = {}
+    startup_s: dict[str, float] = {}
+    for mode in modes:
+        started = time.perf_counter()
+        engines[mode] = _engine(config, model, mode)
+        startup_s[mode] = time.perf_counter() - started
     params = SamplingParams(
         max_tokens=config.output_len, ignore_eos=True, temperature=0.0, seed=config.seed
     )
@@ -136,13 +154,15 @@ def _sweep_one_mode(config: PrefixSweepConfig, model: str, mode: str, progress: 
     warm = loadgen.prefix_sweep_prompts(
         0.0, config.num_prompts, config.input_len, seed=config.seed + 1
     )
-    llm.generate([{"prompt_token_ids": p} for p in warm], params, use_tqdm=False)
-    batch_s = _timed_batch(llm, warm, params, mode, 0.0, -1)["elapsed_s"]
-    repeats = sweep_repeats(config, batch_s)
-    rows = []
+    batch_s = []
+    for mode, llm in engines.items():
+        llm.generate([{"prompt_token_ids": p} for p in warm], params, use_tqdm=False)
+        batch_s.append(_timed_batch(llm, warm, params, mode, 0.0, -1)["elapsed_s"])
+    repeats = sweep_repeats(config, max(batch_s))  # the same for every mode: paired batches
+    rows: dict[str, list[dict]] = {mode: [] for mode in modes}
     bar = tqdm(
         config.fractions,
-        desc=f"prefix sweep ({mode})",
+        desc=f"prefix sweep ({', '.join(modes)})",
         disable=not progress or not sys.stderr.isatty(),
         leave=False,
     )
@@ -152,14 +172,18 @@ def _sweep_one_mode(config: PrefixSweepConfig, model: str, mode: str, progress: 
                 fraction, config.num_prompts, config.input_len, seed=config.seed
             )
             for repeat in range(repeats):
-                rows.append(_timed_batch(llm, prompts, params, mode, fraction, repeat))
-                rows[-1]["shared_tokens"] = round(fraction * config.input_len)
-                rows[-1]["engine_startup_s"] = startup_s
+                for mode in modes if repeat % 2 == 0 else modes[::-1]:
+                    row = _timed_batch(engines[mode], prompts, params, mode, fraction, repeat)
+                    row["shared_tokens"] = round(fraction * config.input_len)
+                    row["engine_startup_s"] = startup_s[mode]
+                    row["order"] = sum(map(len, rows.values()))  # the batch's place in the run
+                    rows[mode].append(row)
         if config.long_input_len:
-            rows += _long_prefill(llm, config, mode)
+            for mode, llm in engines.items():
+                rows[mode] += _long_prefill(llm, config, mode)
     finally:
         bar.close()
-        del llm
+        engines.clear()
         gc.collect()
     return rows
 
@@ -250,11 +274,20 @@ def run_prefix_sweep(
     returns one row per (mode, fraction)."""
     root = Path(root) if root else serving_root()
     model = resolve_model(config.model)
+    run_dirs = {mode: root / sweep_run_id(config, model, mode) for mode in config.modes}
+    missing = [mode for mode, run_dir in run_dirs.items() if force or not is_finished(run_dir)]
+    # interleaved, every mode is measured again with a missing one, so that their batches
+    # pair up; else the missing ones, one after the other
+    groups = (
+        [list(config.modes) if missing else []] if config.interleaves else [[m] for m in missing]
+    )
+    measured = {}
+    for group in filter(None, groups):
+        measured.update(_sweep_modes(config, model, group, progress))
     frames = []
-    for mode in config.modes:
-        run_dir = root / sweep_run_id(config, model, mode)
-        if force or not is_finished(run_dir):
-            rows = _sweep_one_mode(config, model, mode, progress)
+    for mode, run_dir in run_dirs.items():
+        if mode in measured:
+            rows = measured[mode]
             for row in rows:
                 row["model"] = served_name(model)
             write_parquet(run_dir / "sweep.parquet", pd.DataFrame(rows))

@@ -241,8 +241,9 @@ def _saving(on: Interval, off: Interval) -> str:
 
 def sweep_disturbed(facts: Facts) -> bool:
     """At a 0 % hit rate the two modes differ only by hashing, a few percent at most; an
-    on/off ratio outside [0.5, 2] means load from other jobs fell on one mode's minutes (the
-    offline engines run one after the other), so the sweep's timings say nothing."""
+    on/off ratio outside [0.5, 2] means load from other jobs fell on one mode's batches (they
+    alternate with the other mode's, but a burst can still land on one), so the sweep's
+    timings say nothing."""
     ratio = facts.overhead_at_zero[0]
     return not (math.isfinite(ratio) and 0.5 <= ratio <= 2.0)
 
