@@ -432,3 +432,18 @@ num_blocks = [300]
 
 def runner_notebooks() -> Path:
     return Path(__file__).resolve().parents[1] / "notebooks"
+
+
+def test_a_write_probe_left_by_a_killed_process_is_removed_and_a_live_ones_kept(tmp_path):
+    """A process SIGKILLed between writing its probe and removing it leaves the probe behind;
+    the next writer removes it, not the probe of a process still running."""
+    from analysis.platform.writable import PROBE_PREFIX, ensure_writable
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    orphan = tmp_path / f"{PROBE_PREFIX}{dead.pid}"
+    live = tmp_path / f"{PROBE_PREFIX}{os.getppid()}"
+    orphan.write_bytes(b"\0")
+    live.write_bytes(b"\0")
+    ensure_writable(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [live.name]

@@ -16,6 +16,7 @@ from pathlib import Path
 from analysis.platform.errors import OutputError
 
 PROBE_BYTES = 4096  # one page: a disk with no room left refuses it
+PROBE_PREFIX = ".write-probe-"  # then the writing process's id
 
 # errno -> what is wrong and what to do (any other errno: the system's own words).
 REASONS = {
@@ -33,7 +34,7 @@ def ensure_writable(folder: str | Path) -> Path:
     """Create `folder` (and its parents), write and remove a probe file in it; `OutputError`
     (one line) if the file system refuses."""
     folder = Path(folder)
-    probe = folder / f".write-probe-{os.getpid()}"
+    probe = folder / f"{PROBE_PREFIX}{os.getpid()}"
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with open(probe, "wb") as handle:
@@ -43,7 +44,20 @@ def ensure_writable(folder: str | Path) -> Path:
         with contextlib.suppress(OSError):  # a probe half-written on a full disk
             probe.unlink(missing_ok=True)
         raise output_error(folder, exc) from None
+    remove_orphan_probes(folder)
     return folder
+
+
+def remove_orphan_probes(folder: Path) -> None:
+    """Remove the probes of processes that no longer run: one killed between writing its
+    probe and removing it (SIGKILL leaves no chance to clean up) left it behind."""
+    import psutil
+
+    for probe in folder.glob(f"{PROBE_PREFIX}*"):
+        pid = probe.name.removeprefix(PROBE_PREFIX)
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            with contextlib.suppress(OSError):  # another process removed it first
+                probe.unlink()
 
 
 def ensure_replaceable(folder: str | Path) -> Path:
