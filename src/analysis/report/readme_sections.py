@@ -527,7 +527,7 @@ def _seed_004(root: Path) -> list[str]:
 
 # -- how long a fresh `make test` took ----------------------------------------------------------
 
-TEST_TIMES = "data/external/ci/2026-11-28-fa520d2/make-test.csv"
+TEST_TIMES = "data/external/ci/2026-11-28-dd46c1e/make-test.csv"
 
 
 def _recorded_rows(root: Path, relative: str, what: str) -> list[dict[str, str]]:
@@ -541,7 +541,7 @@ def _recorded_rows(root: Path, relative: str, what: str) -> list[dict[str, str]]
         return list(csv.DictReader(handle))
 
 
-REPORT_TIMES = "data/external/ci/2026-11-28-9876fd6/make-report.csv"
+REPORT_TIMES = "data/external/ci/2026-11-28-efedb3d/make-report.csv"
 
 
 def report_times(root: Path) -> str:
