@@ -8,6 +8,7 @@ process; it shares the model names and the result folders with the server benchm
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import time
@@ -160,6 +161,7 @@ def _sweep_modes(
         batch_s.append(_timed_batch(llm, warm, params, mode, 0.0, -1)["elapsed_s"])
     repeats = sweep_repeats(config, max(batch_s))  # the same for every mode: paired batches
     rows: dict[str, list[dict]] = {mode: [] for mode in modes}
+    order = itertools.count()  # each timed batch's place in the run
     bar = tqdm(
         config.fractions,
         desc=f"prefix sweep ({', '.join(modes)})",
@@ -176,7 +178,7 @@ def _sweep_modes(
                     row = _timed_batch(engines[mode], prompts, params, mode, fraction, repeat)
                     row["shared_tokens"] = round(fraction * config.input_len)
                     row["engine_startup_s"] = startup_s[mode]
-                    row["order"] = sum(map(len, rows.values()))  # the batch's place in the run
+                    row["order"] = next(order)
                     rows[mode].append(row)
         if config.long_input_len:
             for mode, llm in engines.items():
@@ -278,11 +280,14 @@ def run_prefix_sweep(
     missing = [mode for mode, run_dir in run_dirs.items() if force or not is_finished(run_dir)]
     # interleaved, every mode is measured again with a missing one, so that their batches
     # pair up; else the missing ones, one after the other
-    groups = (
-        [list(config.modes) if missing else []] if config.interleaves else [[m] for m in missing]
-    )
+    if not missing:
+        groups = []
+    elif config.interleaves:
+        groups = [list(config.modes)]
+    else:
+        groups = [[mode] for mode in missing]
     measured = {}
-    for group in filter(None, groups):
+    for group in groups:
         measured.update(_sweep_modes(config, model, group, progress))
     frames = []
     for mode, run_dir in run_dirs.items():
