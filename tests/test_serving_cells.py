@@ -85,6 +85,7 @@ def bench(tmp_path, monkeypatch):
     monkeypatch.setattr(benchmark, "resolve_model", lambda name: name)
     monkeypatch.setattr(benchmark, "warm_server", lambda server, config: None)
     monkeypatch.setattr(benchmark, "prefill_speed", lambda server: math.nan)
+    monkeypatch.setattr(benchmark, "_latest_probes", {})  # no probe from another test
     monkeypatch.setattr(loadgen, "run_burst", run_burst)
     state.config = serving.ServingBenchConfig(
         model=str(model),
@@ -262,3 +263,27 @@ def test_one_cells_speed_probe_after_is_the_next_cells_before(bench, monkeypatch
         ["prefill_tok_s_before", "prefill_tok_s_after"]
     ]
     assert speeds.values.tolist() == [[1000.0, 1001.0], [1001.0, 1002.0], [1002.0, 1003.0]]
+
+
+def test_a_fresh_probe_on_an_idle_server_opens_the_next_benchmark(bench, monkeypatch):
+    probes: list[float] = []
+    finished = {"vllm:request_success": 0.0}
+
+    def probe(server) -> float:
+        probes.append(1000.0 + len(probes))
+        return probes[-1]
+
+    monkeypatch.setattr(benchmark, "prefill_speed", probe)
+    monkeypatch.setattr(StandInServer, "counters", lambda self: dict(finished))
+    first = bench.run()
+    second = bench.run(force=True)  # straight after: the first's probe after is its before
+    assert probes == [1000.0, 1001.0, 1002.0]
+    assert second.loc[0, "prefill_tok_s_before"] == first.loc[0, "prefill_tok_s_after"]
+
+    finished["vllm:request_success"] += 1  # a request ran on the server since: probed again
+    bench.run(force=True)
+    assert probes == [1000.0, 1001.0, 1002.0, 1003.0, 1004.0]
+
+    monkeypatch.setattr(benchmark, "PROBE_FRESH_S", -1.0)  # too old: probed again
+    bench.run(force=True)
+    assert len(probes) == 7

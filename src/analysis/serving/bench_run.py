@@ -72,8 +72,8 @@ PROBE_REPEATS = 2
 def prefill_speed(server: VllmServer, probe_tokens: int = 1024) -> float:
     """Prefill tokens/s of one uncached request alone, now: the TTFT of a `probe_tokens`
     prompt less that of a 32-token one, from an emptied cache. Measured before and after
-    each cell (one cell's after is the next one's before), so that load from anything else on
-    the machine shows in the cell's record.
+    each cell (one cell's after is the next one's before, see `benchmark`), so that load from
+    anything else on the machine shows in the cell's record.
 
     A warm-up request goes first and each size is sent `PROBE_REPEATS` times, its fastest TTFT
     counting: a lone first request pays one-off costs (a fresh connection, the first request
@@ -91,11 +91,14 @@ def prefill_speed(server: VllmServer, probe_tokens: int = 1024) -> float:
         for i, n in enumerate(sizes)
     ]
     server.reset_prefix_cache()
+    before = server.counters()
     results, _ = run_coroutine(
         loadgen.run_burst(
             server.base_url, server.model_name, specs, 1, timeout_s=600.0, progress=False
         )
     )
+    # its requests counted as finished before it returns: a later count tells what ran since
+    server.counters_after(before, sum(r.status == "ok" for r in results))
     server.reset_prefix_cache()
     if any(r.status != "ok" for r in results):
         return math.nan

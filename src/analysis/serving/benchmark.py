@@ -41,6 +41,36 @@ from analysis.serving.server import VllmServer
 from analysis.serving.storage import _digest, _write_run, is_reusable, load_summaries, serving_root
 from analysis.serving.tables import summary_table
 
+# A speed probe stands for the next cell's probe before it while its server has finished no
+# request since and it is at most this old: the cell after it in one benchmark, and the first
+# cell of the next benchmark when they follow each other (notebook 08's anti-patterns are
+# three benchmarks, notebook 10's mixed traffic two). Each probe costs about 2 s on 2 cores.
+PROBE_FRESH_S = 30.0
+# base URL -> (prefill tokens/s, time.monotonic() of the probe, the server's finished requests)
+_latest_probes: dict[str, tuple[float, float, float]] = {}
+
+
+def _finished_requests(server: VllmServer) -> float:
+    return server.counters().get("vllm:request_success", 0.0)
+
+
+def _probe(server: VllmServer) -> float:
+    """A new speed probe, remembered with the server's finished requests once it counts the
+    probe's own (`prefill_speed` waits for them)."""
+    rate = prefill_speed(server)
+    _latest_probes[server.base_url] = (rate, time.monotonic(), _finished_requests(server))
+    return rate
+
+
+def _speed_before(server: VllmServer) -> float:
+    """The server's latest probe if nothing ran on it since and it is fresh, else a new one."""
+    latest = _latest_probes.get(server.base_url)
+    if latest is not None:
+        rate, at, finished = latest
+        if time.monotonic() - at <= PROBE_FRESH_S and _finished_requests(server) == finished:
+            return rate
+    return _probe(server)
+
 
 def _server_for_mode(
     config: ServingBenchConfig, model: str, mode: str, root: Path, given: VllmServer | None
@@ -190,9 +220,6 @@ def run_serving_bench(
                         live.wait_until_ready()
                     say(f"{mode} server ready in {live.startup_s:.1f} s at {live.base_url}")
                     warm_server(live, config)
-            # the probe after one cell, on the same server, is the next cell's probe before it:
-            # nothing runs between the two
-            last_probe: tuple[VllmServer, float] | None = None
             for regime, concurrency in pairs:
                 keys = [RunKey(m, regime, concurrency) for m in live_servers]
                 keys = [k for k in keys if k in pending]
@@ -201,10 +228,7 @@ def run_serving_bench(
                 collected: dict[RunKey, tuple[list, list, list]] = {k: ([], [], []) for k in keys}
                 planned = dict.fromkeys(keys, 0)
                 probe = live_servers[keys[0].mode]
-                if last_probe is not None and last_probe[0] is probe:
-                    speed_before = last_probe[1]
-                else:
-                    speed_before = prefill_speed(probe)
+                speed_before = _speed_before(probe)
                 for repeat in range(config.repeats):
                     # alternate which mode goes first, so that an order effect cancels out
                     for key in keys if repeat % 2 == 0 else keys[::-1]:
@@ -223,8 +247,7 @@ def run_serving_bench(
                         frames.append(frame)
                         summaries.append(summary)
                         planned[key] += planned_requests(specs)
-                speed_after = prefill_speed(probe)
-                last_probe = (probe, speed_after)
+                speed_after = _probe(probe)
                 for key, (frames, summaries, gauges) in collected.items():
                     live = live_servers[key.mode]
                     frame = pd.concat(frames, ignore_index=True)
