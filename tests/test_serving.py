@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import signal
 import socket
@@ -191,6 +192,29 @@ def test_a_kept_server_is_found_by_its_exact_flags_and_outlives_a_pair(fake_laun
     with kept_servers.published([]) as registry:  # a kept server that is gone is not used
         registry.write_text(json.dumps([published_entry]))
         assert kept_servers.lookup(server.config) is None
+
+
+def test_a_pair_launched_early_waits_for_those_servers_once(fake_launcher, tmp_path, monkeypatch):
+    monkeypatch.setattr(serving.benchmark, "warm_server", lambda server, config: None)
+    bench = _bench_for_fake()
+    model = serving.resolve_model("tiny-llama")
+    said: list[str] = []
+    with serving.ServerPair(root=tmp_path, log=said.append) as pair:
+        pair.launch(bench, model, serving.MODES)
+        launched = dict(pair.servers)
+        # started, not waited for: no start-up time yet
+        assert sorted(launched) == sorted(serving.MODES)
+        assert all(math.isnan(server.startup_s) for server in launched.values())
+        ready = pair.get(bench, model, serving.MODES)
+        assert ready == launched  # the same processes, now ready
+        assert all(server.startup_s > 0 for server in ready.values())
+        assert pair.get(bench, model, serving.MODES) == launched  # nothing waits twice
+        groups = [server.pgid for server in ready.values()]
+        for server in ready.values():  # their SIGTERM-proof children: no need to wait long
+            server.config = dataclasses.replace(server.config, stop_grace_s=0.5)
+    assert sum("starting vLLM server" in line for line in said) == 2
+    assert sum("ready in" in line for line in said) == 2
+    assert all(_alive(group) == [] for group in groups)
 
 
 def test_a_stopped_or_unlaunched_server_cannot_be_kept(fake_launcher):

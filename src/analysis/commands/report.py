@@ -91,6 +91,7 @@ def main(args: argparse.Namespace) -> int:
         if not notebooks:
             raise UsageError(f"no notebook matches {' '.join(args.notebooks)} in notebooks/")
     with ServerKeeper(notebooks) as keeper:
+        keeper.launch()
         for run in schedule.runs(notebooks):
             if run.side_by_side:
                 execute_side_by_side(run)

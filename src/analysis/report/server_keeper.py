@@ -1,7 +1,9 @@
 """The serving study's servers, kept across a run of notebooks: `make report`, `make study` and
-nbval start the caching-on and caching-off servers once, before the first notebook that
-measures on them, and stop them after the last (`analysis.serving.study.kept_servers`). Two vLLM
-starts cost about 45 s on 2 cores; notebooks 08 and 10 used to pay them each.
+nbval start the caching-on and caching-off servers once and stop them after the last notebook
+that measures on them (`analysis.serving.study.kept_servers`). Two vLLM starts cost about 45 s
+on 2 cores; notebooks 08 and 10 used to pay them each. `make report` starts them as its
+notebooks begin, so that their start-up overlaps the notebooks before the study; the others,
+before the first notebook that measures on them.
 
 A run with only one of those notebooks keeps nothing: that notebook starts and stops its own
 pair, as when it runs alone.
@@ -13,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 # The notebooks that measure on the serving study's two servers (notebook 12 reads what they
 # cached).
@@ -28,6 +31,7 @@ class ServerKeeper:
         self.first, self.last = (users[0], users[-1]) if len(users) > 1 else (None, None)
         self.profile = profile
         self._stack = ExitStack()
+        self._launched: Any = None  # the ServerPair `launch` started
 
     def __enter__(self) -> ServerKeeper:
         return self
@@ -35,16 +39,34 @@ class ServerKeeper:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def launch(self) -> None:
+        """Start the servers now without waiting for them: their start-up (about 50 s of both
+        cores) overlaps the notebooks before the first that measures on them, which leave a
+        core idle at times; `before` that notebook waits until they are ready."""
+        if self.first is None or self._launched is not None:
+            return
+        from analysis.serving import ServerPair, study
+
+        print(
+            f"starting the serving study's servers for notebooks {self.span()}",
+            file=sys.stderr,
+            flush=True,
+        )
+        self._launched = ServerPair()
+        self._stack.callback(self._launched.stop)
+        study.launch_servers(self._launched, self.profile)
+
     def before(self, notebook: Path) -> None:
         if Path(notebook).name == self.first:
             from analysis.serving import study
 
-            print(
-                f"starting the serving study's servers for notebooks {self.span()}",
-                file=sys.stderr,
-                flush=True,
-            )
-            self._stack.enter_context(study.kept_servers(self.profile))
+            if self._launched is None:
+                print(
+                    f"starting the serving study's servers for notebooks {self.span()}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            self._stack.enter_context(study.kept_servers(self.profile, self._launched))
 
     def after(self, notebook: Path) -> None:
         if Path(notebook).name == self.last:

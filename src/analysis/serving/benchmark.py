@@ -130,8 +130,10 @@ class ServerPair:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    def get(self, config: ServingBenchConfig, model: str, modes: Sequence[str]) -> dict:
-        """Running servers for `modes` with `config`'s flags (restarted if they differ)."""
+    def launch(self, config: ServingBenchConfig, model: str, modes: Sequence[str]) -> None:
+        """Start the servers `get` will hand out without waiting for them (a server with other
+        flags is stopped first, a kept one attached), so that their start-up overlaps other
+        work: `get` then waits."""
         wanted = {m: config.server_config(model, m) for m in modes}
         stale = [m for m, c in wanted.items() if m in self.servers and self.servers[m].config != c]
         for mode in stale:
@@ -141,13 +143,18 @@ class ServerPair:
             if kept is not None:
                 self.say(f"using the kept vLLM server ({mode}) at {kept.base_url}")
                 self.servers[mode] = kept
-        new = [m for m in modes if m not in self.servers]
-        for mode in new:
+        for mode in [m for m in modes if m not in self.servers]:
             digest = _digest(asdict(wanted[mode]))
             server = VllmServer(wanted[mode], self.root / "logs" / f"server-{mode}-{digest}.log")
             self.say(f"starting vLLM server ({mode}, {served_name(model)})")
             self.servers[mode] = server.launch()
-        for mode in new:
+
+    def get(self, config: ServingBenchConfig, model: str, modes: Sequence[str]) -> dict:
+        """Running servers for `modes` with `config`'s flags (restarted if they differ),
+        started now or by an earlier `launch`, and warmed up once ready."""
+        self.launch(config, model, modes)
+        starting = [m for m in modes if not math.isfinite(self.servers[m].startup_s)]
+        for mode in starting:
             try:
                 self.servers[mode].wait_until_ready()
             except BaseException:

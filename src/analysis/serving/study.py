@@ -14,6 +14,7 @@ run's `n_timeout` and notes, never fatal).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import sys
@@ -267,15 +268,29 @@ def synthetic_section(
     return serving.run_serving_bench(config, servers=pair, force=force, progress=False), chosen
 
 
+def launch_servers(pair: serving.ServerPair, profile: str = "cpu") -> None:
+    """Start the study's two servers in `pair` without waiting for them (`kept_servers`
+    waits), so that their start-up overlaps the notebooks before the study."""
+    config = params(profile).bench()
+    pair.launch(config, serving.resolve_model(config.model), serving.MODES)
+
+
 @contextmanager
-def kept_servers(profile: str = "cpu") -> Iterator[serving.ServerPair]:
+def kept_servers(
+    profile: str = "cpu", pair: serving.ServerPair | None = None
+) -> Iterator[serving.ServerPair]:
     """The study's caching-on and caching-off servers (the `profile` parameter set's flags,
-    which every section of notebooks 08 and 10 shares), started now and kept for every
-    notebook whose kernel starts inside the block (`serving.kept_servers`); stopped at its end."""
+    which every section of notebooks 08 and 10 shares), ready now (started in `pair` if it has
+    them, else here) and kept for every notebook whose kernel starts inside the block
+    (`serving.kept_servers`); stopped at its end."""
     from analysis.serving import kept_servers as kept
 
     config = params(profile).bench()
-    with serving.ServerPair() as pair:
+    with contextlib.ExitStack() as stack:
+        if pair is None:
+            pair = stack.enter_context(serving.ServerPair())
+        else:
+            stack.callback(pair.stop)
         pair.get(config, serving.resolve_model(config.model), serving.MODES)
         with kept.published(pair.servers.values()):
             yield pair
