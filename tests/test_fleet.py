@@ -610,3 +610,19 @@ def test_notebook_13s_headline_checks_hold_and_each_fails_on_a_wrong_table():
         wrong.loc[rows, column] = value
         failed = [c.claim for c in fleet_checks(wrong).items if not c.holds]
         assert any(f.startswith(claim) for f in failed), (claim, failed)
+
+
+def test_two_grids_are_ensured_in_one_pool_of_workers(monkeypatch):
+    """Notebook 13 runs its two grids' missing points together: their workers start once."""
+    from analysis.sweeps import results
+
+    calls: list[tuple[list[str], int]] = []
+    monkeypatch.setattr(results, "grid_points", lambda grid: [f"{grid}-a", f"{grid}-b"])
+    monkeypatch.setattr(
+        results,
+        "run_points",
+        lambda points, executor, *, workers, progress: calls.append((points, workers)),
+    )
+    points = results.ensure_grid("fleet", "fleet-mooncake", progress=False)
+    assert points == ["fleet-a", "fleet-b", "fleet-mooncake-a", "fleet-mooncake-b"]
+    assert len(calls) == 1 and calls[0][0] == points and calls[0][1] >= 1
