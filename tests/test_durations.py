@@ -185,3 +185,12 @@ def test_the_readme_counts_a_side_by_side_run_once(tmp_path: Path) -> None:
     assert "took 9m50s" in line
     assert "4 notebooks 7m00s (one run of them side by side: 09, 13-14)" in line
     assert "slowest notebooks: 08 5m00s, 13 1m50s, 14 40 s" in line
+    assert "outside the stages" not in line  # recorded before that row was
+
+    rows[-1:] = [
+        durations.Row("stage", timings.OUTSIDE, 25.0),
+        durations.Row("total", "total", 615.0),
+    ]
+    durations.write_csv(rows, path, "2026-01-02T03:04:05+00:00")
+    line = readme_sections.report_times(tmp_path)
+    assert "took 10m15s" in line and "outside the stages 25 s." in line

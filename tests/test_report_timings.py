@@ -112,3 +112,18 @@ def test_an_estimate_refuses_an_unknown_or_broken_grid(tmp_root: Path, capsys) -
     )
     with pytest.raises(GridError, match="traces must be trace names or paths"):
         timings.pending_points(str(tmp_root / "int.toml"))
+
+
+def test_the_total_is_the_wall_time_with_what_no_stage_timed_shown(monkeypatch) -> None:
+    """A server start waited for between notebooks, or a process starting between stages, is
+    in no stage: it is a row of its own, so that the total is the run's wall time."""
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(timings.time, "time", lambda: clock["now"])
+    timings.begin(setup_s=10.0)  # the set-up ran for 10 s before this call
+    timings.record("environment set-up", 10.0)
+    timings.record("traces", 20.0)
+    clock["now"] = 1050.0
+    done = timings.finish()
+    assert done["stages"][-1] == {"stage": timings.OUTSIDE, "seconds": 30.0, "ok": True}
+    assert done["total_s"] == 60.0  # 10 s of set-up and 50 s since
+    assert timings.table(done).splitlines()[-1].split() == ["total", "1m00s"]

@@ -67,7 +67,7 @@ def main(args: argparse.Namespace) -> int:
     from analysis.report.server_keeper import ServerKeeper
 
     if args.begin:
-        timings.begin()
+        timings.begin(args.setup_seconds or 0.0)
         if args.setup_seconds is not None:
             timings.record("environment set-up", args.setup_seconds)
         return 0

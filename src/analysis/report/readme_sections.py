@@ -547,7 +547,7 @@ REPORT_TIMES = "data/external/ci/2026-11-28-efedb3d/make-report.csv"
 def report_times(root: Path) -> str:
     """A recorded fresh `make report`: its stages and slowest notebooks, from the table it
     printed at its end (`reports/report-times.csv`, copied here)."""
-    from analysis.report.timings import format_seconds
+    from analysis.report.timings import OUTSIDE, format_seconds
 
     rows = _recorded_rows(root, REPORT_TIMES, "reports/report-times.csv")
     total = next((float(r["seconds"]) for r in rows if r["section"] == "total"), None)
@@ -579,6 +579,8 @@ def report_times(root: Path) -> str:
         f"sweep {format_seconds(stages['sweep'])}",
         f"{len(notebooks)} notebooks {format_seconds(notebooks_wall)}{together}",
     ]
+    if OUTSIDE in stages:  # recorded since the total is the wall time
+        parts.append(f"outside the stages {format_seconds(stages[OUTSIDE])}")
     first = rows[0]
     return (
         f"A fresh `make report` (a clone with no `.venv`), recorded "

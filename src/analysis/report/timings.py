@@ -43,14 +43,21 @@ def save(timings: dict[str, Any]) -> None:
     staging.replace(path)
 
 
-def begin() -> dict[str, Any]:
-    """A new run's record; the last finished run moves under "previous" for the estimate."""
+# The row that holds what no stage timed (processes starting between stages, the wait for the
+# serving study's servers before notebook 08), so that the total is the run's wall time.
+OUTSIDE = "outside the stages"
+
+
+def begin(setup_s: float = 0.0) -> dict[str, Any]:
+    """A new run's record; the last finished run moves under "previous" for the estimate.
+    `setup_s`: the seconds the run spent before this call (setting up the environment)."""
     old = load()
     previous = old if old.get("finished") else old.get("previous")
     if previous:
         previous = {k: v for k, v in previous.items() if k != "previous"}
     timings = {
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "started_at_s": time.time() - setup_s,
         "finished": None,
         "machine": _machine(),
         "stages": [],
@@ -85,8 +92,15 @@ def counted(stages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def finish() -> dict[str, Any]:
+    """The run's end: what no stage timed becomes a stage of its own (`OUTSIDE`), so that the
+    total is the wall time from the start of the set-up to now."""
     timings = current()
     timings["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    timed = sum(s["seconds"] for s in counted(timings["stages"]))
+    if "started_at_s" in timings:
+        outside = time.time() - timings["started_at_s"] - timed
+        if outside >= 0.05:
+            timings["stages"].append({"stage": OUTSIDE, "seconds": round(outside, 1), "ok": True})
     timings["total_s"] = round(sum(s["seconds"] for s in counted(timings["stages"])), 1)
     save(timings)
     return timings
