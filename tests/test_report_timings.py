@@ -127,3 +127,18 @@ def test_the_total_is_the_wall_time_with_what_no_stage_timed_shown(monkeypatch) 
     assert done["stages"][-1] == {"stage": timings.OUTSIDE, "seconds": 30.0, "ok": True}
     assert done["total_s"] == 60.0  # 10 s of set-up and 50 s since
     assert timings.table(done).splitlines()[-1].split() == ["total", "1m00s"]
+
+
+def test_an_overrun_beside_the_starting_servers_says_why(tmp_root: Path, capsys) -> None:
+    from analysis.commands.report import say_done
+
+    cell = {"cell_type": "markdown", "source": ["**Run time on a 2-core CPU.** About 20 s.\n"]}
+    path = tmp_root / "02-x.ipynb"
+    path.write_text(json.dumps({"cells": [cell]}))
+    say_done(path, 41.0)
+    say_done(path, 41.0, servers_starting=True)
+    say_done(path, 25.0, servers_starting=True)  # within what it states: nothing to explain
+    alone, beside, within = capsys.readouterr().out.splitlines()
+    assert alone == "  02-x.ipynb: 41 s (longer than the 20 s its first cell states)"
+    assert beside.endswith("states, the serving study's servers starting beside it)")
+    assert within == "  02-x.ipynb: 25 s"

@@ -33,6 +33,8 @@ def _run(monkeypatch, names: list[str], launch: bool = False) -> list[str]:
         if launch:
             keeper.launch()
         for notebook in notebooks:
+            if keeper.starting():
+                events.append("(starting)")
             keeper.before(notebook)
             events.append(notebook.name[:2])
             keeper.after(notebook)
@@ -53,7 +55,8 @@ def test_a_run_with_one_measuring_notebook_keeps_nothing(monkeypatch):
 
 def test_servers_launched_early_are_waited_for_at_the_first_measuring_notebook(monkeypatch):
     assert _run(monkeypatch, ["07", "08", "09", "10", "11"], launch=True) == [
-        "launch cpu", "07", "start cpu (launched)", "08", "09", "10", "stop", "stop launched",
+        "launch cpu", "(starting)", "07", "(starting)", "start cpu (launched)", "08", "09", "10",
+        "stop", "stop launched",
         "11",
     ]  # fmt: skip
 

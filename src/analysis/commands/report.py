@@ -94,15 +94,16 @@ def main(args: argparse.Namespace) -> int:
         keeper.launch()
         for run in schedule.runs(notebooks):
             if run.side_by_side:
-                execute_side_by_side(run)
+                execute_side_by_side(run, keeper.starting())
                 continue
             for notebook in run.notebooks:
                 print(f"executing {notebook.name} ...", flush=True)
+                starting = keeper.starting()
                 keeper.before(notebook)
                 done = execute(notebook, progress=interactive())
                 keeper.after(notebook)
                 timings.record(f"notebook {notebook.stem}", done.seconds)
-                say_done(notebook, done.seconds)
+                say_done(notebook, done.seconds, starting)
     if not args.no_html:
         started = time.perf_counter()
         index = to_html(report_notebooks())
@@ -117,7 +118,7 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def execute_side_by_side(run: schedule.Run) -> None:
+def execute_side_by_side(run: schedule.Run, servers_starting: bool = False) -> None:
     """Execute a run's notebooks a few at a time (`schedule`), each from its own thread (a
     kernel of its own does the work). The run's wall time is its stage; each notebook's own
     time is recorded inside it, so that the total counts the run once."""
@@ -133,7 +134,7 @@ def execute_side_by_side(run: schedule.Run) -> None:
 
     def one(notebook):
         done = execute(notebook, progress=False)
-        say_done(notebook, done.seconds)
+        say_done(notebook, done.seconds, servers_starting)
         return notebook, done.seconds
 
     with ThreadPoolExecutor(workers) as pool:
@@ -144,12 +145,15 @@ def execute_side_by_side(run: schedule.Run) -> None:
         timings.record(f"notebook {notebook.stem}", seconds, within=stage)
 
 
-def say_done(notebook: Path, seconds: float) -> None:
-    """A notebook's time, with a note when it took clearly longer than its first cell says."""
+def say_done(notebook: Path, seconds: float, servers_starting: bool = False) -> None:
+    """A notebook's time, with a note when it took clearly longer than its first cell says
+    (and why, when the serving study's servers were starting beside it)."""
     from analysis.report import timings
     from analysis.report.notebooks import progress_noise
 
     note = timings.overrun(seconds, timings.stated_seconds(notebook))
+    if note and servers_starting:
+        note += ", the serving study's servers starting beside it"
     print(
         f"  {notebook.name}: {timings.format_seconds(seconds)}" + (f" ({note})" if note else ""),
         flush=True,

@@ -32,6 +32,7 @@ class ServerKeeper:
         self.profile = profile
         self._stack = ExitStack()
         self._launched: Any = None  # the ServerPair `launch` started
+        self._waited = False
 
     def __enter__(self) -> ServerKeeper:
         return self
@@ -56,8 +57,13 @@ class ServerKeeper:
         self._stack.callback(self._launched.stop)
         study.launch_servers(self._launched, self.profile)
 
+    def starting(self) -> bool:
+        """Whether the servers `launch` started may still be starting (nothing waited yet)."""
+        return self._launched is not None and not self._waited
+
     def before(self, notebook: Path) -> None:
         if Path(notebook).name == self.first:
+            self._waited = True
             from analysis.serving import study
 
             if self._launched is None:
