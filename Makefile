@@ -117,7 +117,7 @@ endef
 test: setup $(VENV)/.installed-extra-ray ## ruff + pytest (real vLLM and Ray included) + nbval, then where the time went
 	$(MAKE) --no-print-directory lint
 	rm -f $(JUNIT)/pytest.xml $(JUNIT)/nbval*.xml
-	rc=0; $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --durations=15 \
+	rc=0; $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 \
 	    --junitxml=$(JUNIT)/pytest.xml || rc=$$?; \
 	  if [ $$rc -eq 0 ]; then ( $(nbval_runs) ) || rc=$$?; fi; \
 	  $(PY) -m analysis durations test; exit $$rc

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import nbformat
 import pytest
@@ -135,3 +136,20 @@ def test_report_runs_shareable_notebooks_side_by_side_and_counts_them_once(root:
     assert [s.get("within") for s in stages[1:]] == [stages[0]["stage"]] * 2
     assert record["total_s"] == stages[0]["seconds"]
     assert record["total_s"] < stages[1]["seconds"] + stages[2]["seconds"]
+
+
+def test_the_test_files_said_slowest_exist_and_run_first() -> None:
+    """A renamed test file would silently drop out of the order that balances the workers."""
+    import importlib.util
+
+    here = Path(__file__).parent
+    spec = importlib.util.spec_from_file_location("order", here / "conftest.py")
+    order = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(order)
+    assert all((here / f"{name}.py").is_file() for name in order.SLOWEST_FIRST)
+    items = [
+        SimpleNamespace(path=here / f"{name}.py")
+        for name in ("test_a", "test_serving", "test_b", "test_fleet")
+    ]
+    order.pytest_collection_modifyitems(items)
+    assert [item.path.stem for item in items] == ["test_serving", "test_fleet", "test_a", "test_b"]
