@@ -25,7 +25,9 @@ from analysis.timing.fit import (
     design_matrix,
     fit_coefficients,
     fit_profile,
+    fittable_steps,
     predict_steps,
+    without_outliers,
 )
 
 COEFFICIENTS = {"fixed": 0.004, "token": 2e-5, "new_request": 1e-3, "decode_context": 5e-4}
@@ -416,7 +418,47 @@ def test_a_decode_batch_term_holds_what_a_linear_profile_cannot():
         batched.fit["fitted"]["median_abs_rel_error"] < linear.fit["fitted"]["median_abs_rel_error"]
     )
     # what calibrate fits: the batch terms on a CPU, seconds alone on a GPU
-    assert (calibration_method("cpu"), calibration_method("cuda")) == ("seconds-batch", "seconds")
+    assert (calibration_method("cpu"), calibration_method("cuda")) == (
+        "seconds-batch-robust",
+        "seconds",
+    )
+
+
+def test_a_robust_fit_leaves_out_the_steps_a_busy_moment_slowed_and_nothing_else():
+    rng = np.random.default_rng(11)
+    quiet = flat_decode_steps(rng)
+    plain = fit_profile(quiet, {}, terms=["fixed", "token", "sampled"], method="seconds-batch")
+    robust = fit_profile(
+        quiet, {}, terms=["fixed", "token", "sampled"], method="seconds-batch-robust"
+    )
+    # on a quiet machine's steps it is the plain fit: it leaves out at most the two decodes of
+    # nine requests, which no batch term holds (too few), and charges what the plain fit does
+    assert robust.fit["steps_left_out"] <= 2
+    for fitted in (plain, robust):
+        errors = decode_steps_by_batch(fitted, quiet).set_index("sequences")["error"]
+        assert errors.loc[1:8].abs().max() < 0.02
+    assert robust.coefficients["token"] == pytest.approx(plain.coefficients["token"], rel=0.01)
+    # 6 % of the steps slowed threefold by other work on the machine
+    busy = quiet.copy()
+    slowed = rng.random(len(busy)) < 0.06
+    busy.loc[slowed, "wall_s"] *= 3.0
+    plain = fit_profile(busy, {}, terms=["fixed", "token", "sampled"], method="seconds-batch")
+    robust = fit_profile(
+        busy, {}, terms=["fixed", "token", "sampled"], method="seconds-batch-robust"
+    )
+    calm = busy[~slowed]  # the steps as the machine runs them when nothing else does
+    plain_errors = decode_steps_by_batch(plain, calm).set_index("sequences")["error"]
+    robust_errors = decode_steps_by_batch(robust, calm).set_index("sequences")["error"]
+    assert plain_errors.loc[1:8].abs().max() > 0.1  # batches charged for the slowed steps
+    assert robust_errors.loc[1:8].abs().max() < 0.02
+    # every slowed step is left out, and few of the others
+    kept = without_outliers(fittable_steps(busy), ["fixed", "token", "sampled"])
+    assert not slowed[kept.index].any()
+    assert len(kept) >= 0.9 * (~slowed).sum()
+    assert robust.fit["steps_left_out"] == len(fittable_steps(busy)) - len(kept)
+    # its residuals are reported on every step, the slowed ones too: it under-charges their sum
+    assert robust.fit["fitted"]["steps"] == len(fittable_steps(busy))
+    assert robust.fit["fitted"]["summed_time_rel_error"] < 0
 
 
 def test_the_decode_batch_term_charges_only_decode_only_steps_of_its_sizes(tmp_path):
