@@ -29,6 +29,7 @@ from analysis.timing.fit import (
     predict_steps,
     without_outliers,
 )
+from analysis.timing.fit import METHODS as FIT_METHODS
 
 COEFFICIENTS = {"fixed": 0.004, "token": 2e-5, "new_request": 1e-3, "decode_context": 5e-4}
 
@@ -511,10 +512,14 @@ def test_calibrate_on_the_real_cpu_engine(tmp_path, monkeypatch):
     result = calibrate("cpu", repeats=2, say=lambda line: None)
     profile = result.profile
     assert profile.coefficients and all(value > 0 for value in profile.coefficients.values())
-    # the exact non-negative fit on seconds never charges less than the calibration's total
-    assert profile.fit["fitted"]["summed_time_rel_error"] >= -1e-4, profile.fit
-    # and a decode-only step is charged its batch size's mean on the engine measured
-    assert profile.fit["method"].endswith("each decode-only batch size's mean residual")
+    # the exact non-negative fit on seconds never charges less than the total of the steps it
+    # fitted: the calibration's whole total when the robust fit left none out
+    left_out = profile.fit["steps_left_out"]
+    bound = -1e-4 if left_out == 0 else -0.1
+    assert profile.fit["fitted"]["summed_time_rel_error"] >= bound, profile.fit
+    # and a decode-only step is charged its batch size's mean on the engine measured, the fit
+    # redone without the steps a busy moment slowed
+    assert profile.fit["method"] == FIT_METHODS["seconds-batch-robust"]
     assert profile.decode_batch_s, "the decode-batch workload decodes at several batch sizes"
     assert profile.identity["machine"]["kind"] == "cpu"
     assert profile.identity["model_runner"] in ("v1", "v2")
