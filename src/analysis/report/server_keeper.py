@@ -48,11 +48,7 @@ class ServerKeeper:
             return
         from analysis.serving import ServerPair, study
 
-        print(
-            f"starting the serving study's servers for notebooks {self.span()}",
-            file=sys.stderr,
-            flush=True,
-        )
+        self._say_starting()
         self._launched = ServerPair()
         self._stack.callback(self._launched.stop)
         study.launch_servers(self._launched, self.profile)
@@ -67,11 +63,7 @@ class ServerKeeper:
             from analysis.serving import study
 
             if self._launched is None:
-                print(
-                    f"starting the serving study's servers for notebooks {self.span()}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                self._say_starting()
             self._stack.enter_context(study.kept_servers(self.profile, self._launched))
 
     def after(self, notebook: Path) -> None:
@@ -80,6 +72,13 @@ class ServerKeeper:
 
     def close(self) -> None:
         self._stack.close()
+
+    def _say_starting(self) -> None:
+        print(
+            f"starting the serving study's servers for notebooks {self.span()}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def span(self) -> str:
         return f"{self.first[:2]} to {self.last[:2]}" if self.first else "none"
