@@ -335,6 +335,9 @@ def test_the_interval_is_called_95_only_with_enough_repeats():
     note = serving_stats.interval_note(3)
     assert "75%" in note and "not a 95 % interval" in note
     assert "a 95 % interval" in serving_stats.interval_note(8)
+    # one repeat (notebook 08's anti-patterns on a CPU): an interval over its requests only
+    assert serving_stats.interval_label(1) == "bootstrap interval over its requests, 1 repeat"
+    assert "one repeat" in serving_stats.interval_note(1)
     from analysis.serving.tables import readable_table
 
     table = pd.DataFrame(
@@ -351,6 +354,10 @@ def test_the_interval_is_called_95_only_with_enough_repeats():
     )
     (name,) = [c for c in readable_table(table, ("mean_ttft",)).columns if "TTFT" in c]
     assert name == "mean TTFT (s), median of 3 repeats [two-level bootstrap interval, 3 repeats]"
+    (name,) = [
+        c for c in readable_table(table.assign(repeats=1), ("mean_ttft",)).columns if "TTFT" in c
+    ]
+    assert name == "mean TTFT (s), one repeat [bootstrap interval over its requests, 1 repeat]"
 
 
 def test_the_lookup_cost_reading_says_what_this_run_measured_and_stays_unresolved():

@@ -497,6 +497,7 @@ def test_calibrate_on_the_real_cpu_engine(tmp_path, monkeypatch):
             "short_turns": 6,
             "short_clients": 3,
             "clients": 2,
+            "mixed": 6,
             "open": 8,
             "open_rate": 20.0,
             "conversations": 3,

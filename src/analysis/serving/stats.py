@@ -59,6 +59,8 @@ def interval_label(repeats: int) -> str:
     it well past three equal repeat values)."""
     if repeats >= REPEATS_FOR_95:
         return "95 % interval"
+    if repeats == 1:
+        return "bootstrap interval over its requests, 1 repeat"
     return f"two-level bootstrap interval, {repeats} repeats"
 
 
@@ -70,6 +72,11 @@ def interval_note(repeats: int) -> str:
     )
     if repeats >= REPEATS_FOR_95:
         return f"{what}, a 95 % interval."
+    if repeats == 1:
+        return (
+            "With one repeat the brackets resample that repeat's requests only: they say "
+            "nothing of how far another run would land."
+        )
     return (
         f"{what}. With {repeats} repeats it spans about their range, which holds the median of "
         f"a repeat's value with probability {range_coverage(repeats):.0%} only (1 - 2 x "

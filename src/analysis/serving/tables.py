@@ -106,9 +106,8 @@ def readable_table(
     if "concurrency" in keys and "inflight_peak" in table:
         out["peak in flight"] = table["inflight_peak"].astype(int)
     for stat in statistics:
-        name = (
-            f"{READABLE_STATISTICS[stat]}, median of {repeats} repeats [{interval_label(repeats)}]"
-        )
+        of = f"median of {repeats} repeats" if repeats != 1 else "one repeat"
+        name = f"{READABLE_STATISTICS[stat]}, {of} [{interval_label(repeats)}]"
         out[name] = [_with_interval(row, stat, digits) for _, row in table.iterrows()]
     if "mean_ttft_repeats" in table:
         out["mean TTFT per repeat (s)"] = [
