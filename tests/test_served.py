@@ -637,6 +637,23 @@ def test_conversations_beyond_the_server_are_predicted_with_checks_that_hold(tmp
     assert not served.curve_checks(to_predict, wrong, SETTINGS["block_size"]).table()["holds"].all()
 
 
+@pytest.mark.engine
+def test_shared_prefixes_beyond_the_server_are_predicted_with_checks_that_hold():
+    """One client's bound counts what its warm-up stored: every measured request hits the
+    shared prefix's full blocks, the first one included."""
+    config = ServingBenchConfig(prefixes=(0, 96), concurrency=(1,), requests=4, output_tokens=2)
+    to_predict = replayable.synthetic_cells_to_predict(config, [64, 160], [1, 2], waves=3)
+    curves = served.predict_cells(
+        to_predict, SETTINGS, SimpleNamespace(profile=PROFILE, terms=served.ServerTerms(0.01, 0.0))
+    )
+    checks = served.curve_checks(to_predict, curves, SETTINGS["block_size"])
+    assert checks.table()["holds"].all(), checks.table()
+    one = curves[(curves["mode"] == "cache") & (curves["concurrency"] == 1)]
+    suffix = config.suffix_tokens
+    expected = {"64": 64 / (64 + suffix), "160": 160 / (160 + suffix)}
+    assert dict(zip(one["prefix_regime"], one["hit_rate"], strict=True)) == pytest.approx(expected)
+
+
 def _pool_curves(hits_at_most: float, preempted_at_most: float) -> pd.DataFrame:
     rows = []
     for clients, on_req, off_req, hits in (
@@ -678,6 +695,23 @@ def test_the_pool_reading_names_what_took_the_hits_from_the_numbers():
     assert "30% of the requests preempted" in preempted and "requests are preempted" in preempted
     kept = served.pool_reading(_pool_curves(0.45, 0.0), 682, 32)
     assert "kept at least half of the reuse at 64 clients" in kept
+
+
+def test_the_unmeasured_prefix_reading_quotes_only_the_prefixes_the_server_did_not_run():
+    rows = [
+        {"mode": mode, "prefix_regime": str(prefix), "concurrency": clients, "p50_ttft": ttft}
+        for prefix in (0, 256, 512, 1024)
+        for clients in (1, 4)
+        for mode, ttft in (("cache", 0.05 * clients), ("no_cache", 0.0002 * prefix * clients))
+    ]
+    text = served.unmeasured_prefix_reading(pd.DataFrame(rows), [0, 1024])
+    assert "measured prefixes of 0, 1024 tokens" in text
+    assert "a 256-token prefix: median TTFT 0.05 s on against 0.0512 s off at 1 client" in text
+    assert "0.2 s on against 0.205 s off at 4 clients (saving 2%)" in text
+    assert "a 512-token prefix" in text and "a 1024-token prefix" not in text
+    assert "Every predicted prefix" in served.unmeasured_prefix_reading(
+        pd.DataFrame(rows), [0, 256, 512, 1024]
+    )
 
 
 def _closed_and_open_cells(statistics, **columns) -> pd.DataFrame:

@@ -216,6 +216,26 @@ def test_seed_003s_short_prefix_claim_keeps_its_condition_and_is_not_tested():
     assert "suffix 24 tokens" in claims.loc[row, "measured"]
 
 
+def test_seed_003s_short_prefix_claim_is_not_tested_when_no_short_prefix_ran():
+    f = facts()
+    f.study = StudyParams(prefixes=(0, 1024), concurrency=(1, 4))
+    f.sharegpt, f.dilution, f.sweep = {}, [], pd.DataFrame()
+    claims = writeup.claims_table(f).set_index("claim")
+    (row,) = [c for c in claims.index if c.startswith("003: short prefix")]
+    assert claims.loc[row, "measured"].startswith("no prefix of 256 tokens or fewer measured")
+    assert claims.loc[row, "verdict"].startswith("not tested: neither the seed's condition")
+
+
+def test_replay_predicts_the_prefixes_between_those_the_server_measured():
+    from analysis.serving import study
+
+    cpu = study.params("cpu")
+    assert cpu.prefixes == (0, 1024) and study.params("cpu-study").prefixes == (0, 256, 1024)
+    assert study.predicted_prefixes(cpu) == [0, 256, 512, 1024]
+    assert study.unmeasured_prefixes(cpu) == [256, 512]
+    assert study.unmeasured_prefixes(study.params("gpu")) == []
+
+
 def test_the_rule_line_names_the_flagged_cells_it_rests_on():
     note = "machine speed changed during the cell: prefill 1,076 -> 342 tok/s"
     assert "flagged" not in writeup._rule_line(facts())

@@ -38,7 +38,8 @@ class StudyParams:
 
     model: str | None = None  # None: "prefill-llama" (CPU); a folder or name on a GPU
     load_format: str | None = None  # "dummy": the architecture with random weights
-    prefixes: tuple[int, ...] = (0, 256, 1024)  # shared prefix lengths (tokens)
+    # shared prefix lengths (tokens) the server measures; replay predicts `PREDICTED_PREFIXES`
+    prefixes: tuple[int, ...] = (0, 1024)
     concurrency: tuple[int, ...] = (1, 4)  # closed-loop clients
     suffix_tokens: int = 24
     output_tokens: int = 4
@@ -97,6 +98,7 @@ PROFILES: dict[str, dict[str, Any]] = {
     # requests per repeat (288 per cell; three waves of the 32 clients, so that a cell is a
     # steady state, not one burst), and the thrash case.
     "cpu-study": {
+        "prefixes": (0, 256, 1024),
         "concurrency": (1, 8, 16, 32),
         "budget_s": 1800.0,
         "min_requests": 96,
@@ -129,6 +131,21 @@ PROFILES: dict[str, dict[str, Any]] = {
         "sweep_fractions": SEED_FRACTIONS,
     },
 }
+
+
+# Shared prefixes (tokens) whose curves notebook 08 draws and notebook 12 reads: replay on the
+# clock notebook 08 validated against the server, at the prefixes it did not measure too.
+PREDICTED_PREFIXES = (0, 256, 512, 1024)
+
+
+def predicted_prefixes(study: StudyParams) -> list[int]:
+    """`PREDICTED_PREFIXES` and every prefix the server measured."""
+    return sorted(set(PREDICTED_PREFIXES) | set(study.prefixes))
+
+
+def unmeasured_prefixes(study: StudyParams) -> list[int]:
+    """The predicted prefixes the server did not measure."""
+    return [prefix for prefix in predicted_prefixes(study) if prefix not in study.prefixes]
 
 
 def params(profile: str = "cpu", **overrides: Any) -> StudyParams:

@@ -877,7 +877,6 @@ def curve_checks(to_predict: pd.DataFrame, curves: pd.DataFrame, block_size: int
             (to_predict["mode"] == "cache")
             & (to_predict["concurrency"] == 1)
             & (to_predict["prefix_regime"] == row.prefix_regime)
-            & ~to_predict["warmup"]
         ]
         low, high = _one_client_bounds(sent_one, block_size)
         result.add(
@@ -907,15 +906,21 @@ def hit_rates(table: pd.DataFrame, predicted: pd.DataFrame) -> pd.DataFrame:
 
 
 def _one_client_bounds(sent: pd.DataFrame, block_size: int) -> tuple[float, float]:
-    """Hit rates that bound one client's, whose requests go one at a time in `sent`'s order:
-    at least each conversation's hits on its own earlier turns (still in a pool that holds one
+    """Hit rates of the measured requests that bound one client's, whose requests (warm-ups
+    first, which store what they prompt) go one at a time in `sent`'s order: at least each
+    conversation's hits on its own earlier turns (still in a pool that holds one
     conversation), at most an infinite cache's (hits across conversations too, which LRU may
     have evicted)."""
     prompts = sent["prompt_ids"]
-    total = prompts.map(len).sum()
+    measured = ~sent["warmup"].to_numpy(dtype=bool)
+    total = prompts[measured].map(len).sum()
     groups = sent["conversation"] if "conversation" in sent.columns else pd.Series(0, sent.index)
-    own = sum(brute_force_hits(p, block_size).sum() for _, p in prompts.groupby(groups, sort=False))
-    return float(own / total), float(brute_force_hits(prompts, block_size).sum() / total)
+    own = sum(
+        brute_force_hits(p, block_size)[measured[groups.to_numpy() == g]].sum()
+        for g, p in prompts.groupby(groups, sort=False)
+    )
+    infinite = brute_force_hits(prompts, block_size)[measured].sum()
+    return float(own / total), float(infinite / total)
 
 
 def _edge_regime(regimes: pd.Series) -> str:
@@ -932,6 +937,33 @@ def _regime_phrase(regime: str) -> str:
     if str(regime).isdigit():
         return f"and a {regime}-token prefix"
     return f"on the {_workload(regime)}"
+
+
+def unmeasured_prefix_reading(curves: pd.DataFrame, measured: Sequence[int]) -> str:
+    """What replay predicts caching saves at the shared prefixes the server did not measure,
+    per client count (every number from `curves`: median TTFT on and off, and their ratio)."""
+    predicted = sorted({int(r) for r in curves["prefix_regime"]} - {int(m) for m in measured})
+    if not predicted:
+        return "Every predicted prefix was measured by the server too: nothing to add here."
+    ttft = curves.pivot_table(
+        index=["prefix_regime", "concurrency"], columns="mode", values="p50_ttft"
+    )
+    parts = []
+    for prefix in predicted:
+        cells = ttft.loc[str(prefix)].sort_index()
+        each = "; ".join(
+            f"{on:.3g} s on against {off:.3g} s off at {c} client{'' if c == 1 else 's'} "
+            f"(saving {1 - on / off:.0%})"
+            for c, on, off in zip(cells.index, cells["cache"], cells["no_cache"], strict=True)
+        )
+        parts.append(f"a {prefix}-token prefix: median TTFT {each}")
+    shown = ", ".join(map(str, sorted(int(m) for m in measured)))
+    return (
+        f"The server measured prefixes of {shown} tokens. Replay, on the clock and server terms "
+        "notebook 08 validated against it, predicts " + "; and ".join(parts) + ". These are "
+        "predictions without an interval: notebook 08's held-out cells show how far replay "
+        "has landed from this server."
+    )
 
 
 def pool_reading(curves: pd.DataFrame, pool_blocks: int, block_size: int) -> str:
