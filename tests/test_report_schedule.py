@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import nbformat
 import pytest
 
-from analysis.report import schedule
+from analysis.report import schedule, timings
 from analysis.report.notebooks import report_notebooks
 
 
@@ -131,11 +131,13 @@ def test_report_runs_shareable_notebooks_side_by_side_and_counts_them_once(root:
         executed = nbformat.read(root / "notebooks" / name, as_version=4)
         assert executed.cells[0].outputs[0]["text"] == "met\n"
     record = json.loads((root / "reports" / "timings.json").read_text())
-    stages = record["stages"]
+    # what no stage timed (process starts between stages) is a row of its own, when there is any
+    stages = [s for s in record["stages"] if s["stage"] != timings.OUTSIDE]
+    outside = sum(s["seconds"] for s in record["stages"] if s["stage"] == timings.OUTSIDE)
     assert stages[0]["stage"] == "notebooks 97-98, 2 at a time"
     assert [s.get("within") for s in stages[1:]] == [stages[0]["stage"]] * 2
-    assert record["total_s"] == stages[0]["seconds"]
-    assert record["total_s"] < stages[1]["seconds"] + stages[2]["seconds"]
+    assert record["total_s"] == pytest.approx(stages[0]["seconds"] + outside, abs=0.11)
+    assert stages[0]["seconds"] < stages[1]["seconds"] + stages[2]["seconds"]
 
 
 def test_the_test_files_said_slowest_exist_and_run_first() -> None:
