@@ -596,16 +596,16 @@ def claims_table(facts: Facts) -> pd.DataFrame:
         f"003: short prefix (<= {SHORT_PREFIX} tokens) with a large suffix or long generation: "
         "savings lost in noise"
     )
-    shorts = [p for p in s.prefixes if 0 < p <= SHORT_PREFIX]
-    on_s, off_s = on_off(facts.ttft, min(shorts), low_c) if shorts else (None, None)
+    short = min((p for p in s.prefixes if 0 < p <= SHORT_PREFIX), default=None)
+    on_s, off_s = on_off(facts.ttft, short, low_c) if short else (None, None)
     if on_s and off_s:
         add(
             short_claim,
-            f"P={min(shorts)}, c={low_c}, suffix {s.suffix_tokens} tokens, {s.output_tokens} "
+            f"P={short}, c={low_c}, suffix {s.suffix_tokens} tokens, {s.output_tokens} "
             f"output tokens: {on_s.text()} vs {off_s.text()} (saving {_saving(on_s, off_s)})",
-            short_prefix_verdict(on_s, off_s) + flag(facts, min(shorts), low_c),
+            short_prefix_verdict(on_s, off_s) + flag(facts, short, low_c),
         )
-    elif not shorts:
+    elif short is None:
         add(
             short_claim,
             f"no prefix of {SHORT_PREFIX} tokens or fewer measured (prefixes "
