@@ -11,6 +11,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -193,16 +194,17 @@ def test_ray_executor_without_ray_is_one_line(grid, monkeypatch, capsys):
     assert "needs Ray" in err and "pip install '.[ray]'" in err and "EXTRAS=ray" in err
 
 
-def test_local_workers_keep_real_engine_points_here_one_at_a_time(grid, monkeypatch, tmp_path):
-    """A real engine uses every core: with workers, its points run in this process first, one
-    at a time, and only replay points go to the worker processes."""
+def test_local_workers_take_real_engine_points_first_and_a_gpus_run_here(
+    grid, monkeypatch, tmp_path
+):
+    """With workers, every point goes to them, the real engine's (the longest) first; a GPU
+    engine's points run in this process, one at a time."""
     import analysis.runs
 
     mixed = tmp_path / "mixed.toml"
     mixed.write_text(
         grid.read_text().replace('engines = ["replay"]', 'engines = ["replay", "vllm"]')
     )
-    points = sweeps.grid_points(mixed)
     here, elsewhere = [], []
     monkeypatch.setattr(
         analysis.runs, "run_and_write", lambda config, *a, **k: here.append(config.engine)
@@ -212,9 +214,27 @@ def test_local_workers_keep_real_engine_points_here_one_at_a_time(grid, monkeypa
         "_run_in_processes",
         lambda todo, *a: elsewhere.extend(p.config.engine for p in todo),
     )
+    points = sweeps.grid_points(mixed)
     executors.run_points(points, "local", workers=2, results=tmp_path, progress=False)
-    assert here == ["vllm"] * 4
-    assert elsewhere == ["replay"] * 4
+    assert (here, elsewhere) == ([], ["vllm"] * 4 + ["replay"] * 4)
+
+    elsewhere.clear()
+    on_gpu = [replace(p, config=p.config.with_(device="cuda")) for p in points]
+    executors.run_points(on_gpu, "local", workers=2, results=tmp_path, progress=False)
+    assert (here, elsewhere) == (["vllm"] * 4 + ["replay"] * 4, [])
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def test_each_worker_gets_its_share_of_the_cores_for_torch() -> None:
+    """Two real CPU engines side by side, each with every core's threads, ran 5x slower each."""
+    with executors.worker_pool(2) as pool:
+        threads = pool.submit(_torch_threads).result(timeout=120)
+    assert threads == max(1, (os.cpu_count() or 1) // 2)
 
 
 # --- one point, every way it can run: inline, through notebook 03 (`make sweep`), on Ray -------

@@ -3,10 +3,12 @@
 Both run exactly the points whose result is not complete (unless forced), show one progress
 bar for the whole sweep, and write each result folder atomically, from this process only:
 
-- `local`: one point after the other, in this process; with `workers` N > 1, the replay
-  points (one core each) run on N processes of this machine (spawned, so that each starts
-  vLLM clean) and hand each result back to this process to write; real-engine points, which
-  use every core, still run here one at a time, first.
+- `local`: one point after the other, in this process; with `workers` N > 1, on N processes
+  of this machine (spawned, so that each starts vLLM clean), which hand each result back to
+  this process to write. Each worker's torch gets its share of the cores (a real CPU engine
+  with every core's threads beside another ran 5x slower each); real-engine points go first,
+  the longest. On 2 cores, the default sweep's five real-engine points took 44 s on two
+  workers of one thread each, against 55-58 s one after another with both cores' threads.
 - `ray`: one Ray task per point on the cluster at `RAY_ADDRESS`, or on a Ray instance started
   here (`workers` CPUs; stopped at the end). A replay point asks for one CPU, a real-engine
   GPU point for one GPU. A task whose worker dies (killed, out of memory, node lost) is run
@@ -111,16 +113,15 @@ def run_points(
         if executor == "local":
             from analysis.runs import run_and_write
 
-            # A real engine uses every core (or the GPU): those points run here, one at a
-            # time (two at once on 2 cores ran 5x slower each). Replay points use one core.
+            # real-engine points first: the longest, and a GPU's run here one at a time
             engine = [p for p in todo if p.config.engine == "vllm"]
-            replay = [p for p in todo if p.config.engine != "vllm"]
-            spread = (workers or 1) > 1 and len(replay) > 1
-            for point in engine if spread else engine + replay:
-                run_and_write(point.config, folder(point).parent, force=force, progress=False)
-                finished(point)
-            if spread:
-                _run_in_processes(replay, workers, folder, finished)
+            ordered = engine + [p for p in todo if p.config.engine != "vllm"]
+            if (workers or 1) > 1 and len(todo) > 1 and not any(map(needs_gpu, engine)):
+                _run_in_processes(ordered, workers, folder, finished)
+            else:
+                for point in ordered:
+                    run_and_write(point.config, folder(point).parent, force=force, progress=False)
+                    finished(point)
         elif todo:
             _run_on_ray(todo, workers, folder, finished)
     finally:
@@ -154,9 +155,10 @@ def compute_point(config: dict[str, Any]) -> Any:
 
 
 def worker_pool(workers: int) -> ProcessPoolExecutor:
-    """`workers` processes of this machine, spawned (each starts vLLM clean), each killed by
-    the kernel when this process dies: a SIGKILLed or SIGTERMed sweep leaves no worker behind
-    (orphans blocked for good writing their result to a pipe no one reads).
+    """`workers` processes of this machine, spawned (each starts vLLM clean), each with its
+    share of the cores for torch's threads, each killed by the kernel when this process dies: a
+    SIGKILLed or SIGTERMed sweep leaves no worker behind (orphans blocked for good writing
+    their result to a pipe no one reads).
 
     The kernel's parent-death signal fires when the thread that started a worker ends: the
     thread that submits (no `max_tasks_per_child`, so the pool's own thread starts none).
@@ -168,20 +170,23 @@ def worker_pool(workers: int) -> ProcessPoolExecutor:
         workers,
         mp_context=multiprocessing.get_context("spawn"),
         initializer=start_worker,
-        initargs=(os.getpid(),),
+        initargs=(os.getpid(), max(1, (os.cpu_count() or 1) // workers)),
     )
 
 
-def start_worker(parent_pid: int) -> None:
+def start_worker(parent_pid: int, threads: int = 1) -> None:
     """A sweep worker leaves Ctrl-C to the sweep, which ends its workers itself: a worker
     interrupted inside the pool's queue handling can die holding the queue's lock, and the
     pool then waits on it for ever (a Ctrl-C to the whole process group hung a sweep so)."""
     import signal
 
+    import torch
+
     from analysis.platform.processes import die_with_parent
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent(parent_pid)
+    torch.set_num_threads(threads)
 
 
 def end_workers(pool: ProcessPoolExecutor) -> None:
