@@ -99,8 +99,8 @@ JUNIT := reports/junit
 # The notebooks run as `make report` runs them (`python -m analysis report --plan`, from
 # analysis.report.schedule): the ones that time a real server or engine, and those that make
 # the inputs, one at a time with nothing beside them; runs of the others side by side, one per
-# core (at most 4), on pytest-xdist. Each run writes its own junit file, in order; a failing
-# run does not stop the ones after it.
+# core (at most 4), on pytest-xdist, in the plan's order (the longest first). Each run writes its
+# own junit file, in order; a failing run does not stop the ones after it.
 NBVAL_PYTEST := PREFIX_CACHE_LAB_FIGURES=reports/nbval-figures $(VENV)/bin/pytest --nbval \
   --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg --nbval-cell-timeout 1200 \
   -p no:cacheprovider --durations=15
@@ -108,7 +108,7 @@ NOTEBOOK_WORKERS ?= $(TEST_WORKERS)
 define nbval_runs
 plan=$$($(PY) -m analysis report --plan) && [ -n "$$plan" ] || { echo "no nbval plan" >&2; exit 2; }; \
 i=0; rc=0; while read -r how files; do i=$$((i + 1)); \
-  if [ "$$how" = shared ]; then side="-n $(NOTEBOOK_WORKERS) --dist loadfile"; else side=""; fi; \
+  if [ "$$how" = shared ]; then side="-n $(NOTEBOOK_WORKERS) --dist loadfile --no-loadscope-reorder"; else side=""; fi; \
   $(NBVAL_PYTEST) $$side --junitxml=$(JUNIT)/nbval-$$i.xml $$files || rc=$$?; \
 done <<< "$$plan"; exit $$rc
 endef

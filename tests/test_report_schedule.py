@@ -22,50 +22,59 @@ def names(run: schedule.Run) -> list[str]:
     return [p.name[:2] for p in run.notebooks]
 
 
-def test_the_committed_notebooks_fall_into_six_runs() -> None:
-    runs = schedule.runs(report_notebooks())
-    assert [(names(r), r.side_by_side) for r in runs] == [
+def test_the_committed_notebooks_fall_into_four_runs_once_the_sweep_is_done() -> None:
+    runs = schedule.runs(report_notebooks(), sweep_complete=True)
+    shared = ["02", "03", "04", "05", "06", "07", "09", "13", "14", "15", "17"]
+    assert [(sorted(names(r)), r.side_by_side) for r in runs] == [
         (["00", "01"], False),
-        (["02", "03"], True),
-        (["04"], False),
-        (["05", "06", "07"], True),
-        (["08", "10", "11", "12"], False),
-        (["09", "13", "14", "15", "16", "17"], True),
+        (shared, True),
+        (["08", "10", "11"], False),
+        (["12", "16"], True),
     ]
     assert [r.name for r in runs] == [
         "notebooks 00-01",
-        "notebooks 02-03",
-        "notebook 04",
-        "notebooks 05-07",
-        "notebooks 08, 10-12",
-        "notebooks 09, 13-17",
+        "notebooks 02-07, 09, 13-15, 17",
+        "notebooks 08, 10-11",
+        "notebooks 12, 16",
     ]
+    # the longest first, by what each notebook's first cell states: the fleet grid (13)
+    stated = [timings.stated_seconds(p) or 0.0 for p in runs[1].notebooks]
+    assert stated == sorted(stated, reverse=True)
+    assert names(runs[1])[0] == "13"
 
 
-def test_a_lone_shareable_notebook_runs_alone_and_order_is_kept() -> None:
-    given = [Path(f"{n}-x.ipynb") for n in ("03", "04", "07", "08", "14", "15")]
+def test_notebook_04_runs_the_missing_sweep_alone_before_the_notebooks_that_read_it() -> None:
+    runs = schedule.runs(report_notebooks(), sweep_complete=False)
+    assert [(names(r), r.side_by_side) for r in runs[:3]] == [
+        (["00", "01"], False),
+        (["04"], False),
+        (names(runs[2]), True),
+    ]
+    assert "04" not in names(runs[2]) and {"05", "06"} <= set(names(runs[2]))
+
+
+def test_a_lone_shareable_notebook_runs_alone() -> None:
+    given = [Path(f"{n}-x.ipynb") for n in ("03", "08", "16")]  # stated times unknown
     runs = schedule.runs(given)
     assert [(names(r), r.side_by_side) for r in runs] == [
         (["03"], False),
-        (["04"], False),
-        (["07"], False),
         (["08"], False),
-        (["14", "15"], True),
+        (["16"], False),
     ]
-    assert [p for r in runs for p in r.notebooks] == given
 
 
-def test_what_sits_inside_the_serving_study_runs_after_it() -> None:
-    given = [Path(f"{n}-x.ipynb") for n in ("07", "08", "09", "10", "13")]
-    assert [p.name[:2] for p in schedule.execution_order(given)] == [
-        "07",
-        "08",
-        "10",
-        "09",
-        "13",
+def test_shareable_notebooks_in_the_study_run_before_it_and_its_readers_after() -> None:
+    given = [Path(f"{n}-x.ipynb") for n in ("07", "08", "09", "10", "13", "16", "17")]
+    runs = schedule.runs(given)
+    assert [(names(r), r.side_by_side) for r in runs] == [
+        (["07", "09", "13", "17"], True),  # reading order among notebooks that state no time
+        (["08", "10"], False),
+        (["16"], False),
     ]
-    alone = [Path(f"{n}-x.ipynb") for n in ("09", "13")]  # no study: reading order
-    assert schedule.execution_order(alone) == alone
+
+
+def test_the_sweep_counts_as_complete_when_04_is_not_run() -> None:
+    assert schedule.sweep_complete([Path("09-x.ipynb")], grid="no-such-grid")
 
 
 @pytest.mark.parametrize(("cores", "workers"), [(1, 1), (2, 2), (3, 3), (16, 4)])
@@ -85,7 +94,7 @@ def test_a_bad_worker_count_is_one_line(value: str, monkeypatch) -> None:
 
 def test_the_plan_lines_name_paths_from_the_root(tmp_path: Path) -> None:
     given = [tmp_path / "notebooks" / f"{n}-x.ipynb" for n in ("01", "02", "03")]
-    assert schedule.plan_lines(given, tmp_path) == [
+    assert schedule.plan_lines(given, tmp_path, sweep_complete=True) == [
         "alone notebooks/01-x.ipynb",
         "shared notebooks/02-x.ipynb notebooks/03-x.ipynb",
     ]

@@ -81,7 +81,8 @@ def main(args: argparse.Namespace) -> int:
     if args.plan:
         from analysis.platform.paths import repo_root
 
-        print("\n".join(schedule.plan_lines(notebooks, repo_root())), flush=True)
+        lines = schedule.plan_lines(notebooks, repo_root(), schedule.sweep_complete(notebooks))
+        print("\n".join(lines), flush=True)
         return 0
     if args.estimate:
         print(timings.estimate(notebooks, timings.pending_points(args.grid)), flush=True)
@@ -92,7 +93,7 @@ def main(args: argparse.Namespace) -> int:
             raise UsageError(f"no notebook matches {' '.join(args.notebooks)} in notebooks/")
     with ServerKeeper(notebooks) as keeper:
         keeper.launch()
-        for run in schedule.runs(notebooks):
+        for run in schedule.runs(notebooks, schedule.sweep_complete(notebooks)):
             if run.side_by_side:
                 execute_side_by_side(run, keeper.starting())
                 continue
