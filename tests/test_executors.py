@@ -232,9 +232,11 @@ def _torch_threads() -> int:
 
 def test_each_worker_gets_its_share_of_the_cores_for_torch() -> None:
     """Two real CPU engines side by side, each with every core's threads, ran 5x slower each."""
+    from analysis.platform.hardware import usable_cores
+
     with executors.worker_pool(2) as pool:
         threads = pool.submit(_torch_threads).result(timeout=120)
-    assert threads == max(1, (os.cpu_count() or 1) // 2)
+    assert threads == max(1, usable_cores() // 2)
 
 
 # --- one point, every way it can run: inline, through notebook 03 (`make sweep`), on Ray -------

@@ -166,11 +166,13 @@ def worker_pool(workers: int) -> ProcessPoolExecutor:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
+    from analysis.platform.hardware import usable_cores
+
     return ProcessPoolExecutor(
         workers,
         mp_context=multiprocessing.get_context("spawn"),
         initializer=start_worker,
-        initargs=(os.getpid(), max(1, (os.cpu_count() or 1) // workers)),
+        initargs=(os.getpid(), max(1, usable_cores() // workers)),
     )
 
 
