@@ -521,6 +521,9 @@ def test_open_loop_starts_each_conversation_on_its_schedule_whatever_the_server_
     by_id = {r.request_id: r for r in results}
     for conversation, start in zip("abc", starts, strict=True):
         assert start <= by_id[f"{conversation}/0"].start_s < start + 0.1
+        assert by_id[f"{conversation}/0"].due_s == start and math.isnan(
+            by_id[f"{conversation}/1"].due_s
+        )
         first = by_id[f"{conversation}/0"]
         assert by_id[f"{conversation}/1"].start_s >= first.start_s + first.e2e_s
     # a cap of one conversation in flight holds "b" back until "a" has finished

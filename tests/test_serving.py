@@ -626,9 +626,13 @@ def test_real_server_measures_ttft_counts_hits_and_caches_results(
             server, open_loop, RunKey("cache", "poisson4", 3), workload, progress=False
         )
         assert summary["n_ok"] == workload.num_requests and summary["arrival_rate"] == 4.0
-        first_turns = frame[frame["turn_index"] == 0]["start_s"].to_numpy()
+        first_turns = frame[frame["turn_index"] == 0]
         schedule = poisson_starts(3, 4.0, open_loop.seed)
-        assert (first_turns >= schedule - 1e-3).all() and (first_turns < schedule + 0.5).all()
+        # each was due on the seed's schedule and started no earlier (how much later is up to
+        # a busy machine: the fake server's test bounds the lag of the client itself)
+        assert first_turns["due_s"].to_numpy() == pytest.approx(schedule)
+        assert (first_turns["start_s"] >= first_turns["due_s"] - 1e-3).all()
+        assert frame.loc[frame["turn_index"] > 0, "due_s"].isna().all()
         assert frame.groupby("group")["turn_index"].apply(list).tolist() == [[0, 1, 2]] * 3
         assert summary["prefix_cache_hits"] > 0
 

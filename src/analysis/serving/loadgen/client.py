@@ -291,7 +291,7 @@ async def run_open_loop(
     async def arrive(turns: _Turns, conversation: Sequence[RequestSpec], start_s: float) -> None:
         await asyncio.sleep(max(0.0, start_s - (time.perf_counter() - turns.t0)))
         async with slots:
-            await turns.send(conversation)
+            await turns.send(conversation, due_s=start_s)
 
     return await _send_conversations(
         (base_url, model, conversations, concurrency),
@@ -347,11 +347,12 @@ class _Turns:
         self.results, self.bar = results, bar
         self.watch = FrozenServerWatch(session, base_url)
 
-    async def send(self, conversation: Sequence[RequestSpec]) -> None:
-        for spec in conversation:
+    async def send(self, conversation: Sequence[RequestSpec], due_s: float = math.nan) -> None:
+        """`due_s`: when the first turn was to start (open loop), kept beside when it did."""
+        for index, spec in enumerate(conversation):
             reason = self.watch.reason_not_to_send(self.t0, self.deadline_s)
             if reason is not None:
-                self.results.append(_not_sent(spec, reason))
+                result = _not_sent(spec, reason)
             else:
                 result = await stream_completion(
                     self.session,
@@ -361,6 +362,8 @@ class _Turns:
                     timeout_s=self.timeout_s,
                     t0=self.t0,
                 )
-                self.results.append(result)
                 await self.watch.after(result)
+            if index == 0:
+                result.due_s = due_s
+            self.results.append(result)
             self.bar.update(1)

@@ -39,6 +39,7 @@ class RequestResult:
     cached_tokens: int | None = None  # prompt tokens served from the prefix cache (usage)
     output_tokens: int = 0
     start_s: float = math.nan  # seconds since the start of the run
+    due_s: float = math.nan  # open loop, a conversation's first turn: when it was to start
     ttft_s: float = math.nan
     e2e_s: float = math.nan
     chunks: int = 0
