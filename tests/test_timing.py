@@ -222,8 +222,8 @@ def test_timed_arrivals_hand_over_only_what_has_arrived():
     arrivals.after_finished([0], now=3.0)
     assert arrivals.due(3.5) == [] and arrivals.next_time() == 4.0
     assert arrivals.due(4.0) == [1]
-    arrivals.after_finished([1], now=5.0)  # conversation over: the client starts the next one
-    assert arrivals.due(5.0) == [4]
+    arrivals.after_finished([1], now=5.0)  # conversation over: the client's next one, as late
+    assert arrivals.due(5.5) == [] and arrivals.due(6.0) == [4]
 
 
 def test_staggered_clients_start_one_stagger_apart_and_then_run_closed_loop():
@@ -235,6 +235,30 @@ def test_staggered_clients_start_one_stagger_apart_and_then_run_closed_loop():
     np.testing.assert_allclose(arrivals.arrival_s[[0, 2, 4]], [0.0, 0.25, 0.5])
     arrivals.after_finished([2], now=3.0)  # later turns: the think time only
     assert arrivals.due(4.0) == [3]
+
+
+def test_replies_of_one_step_release_their_next_requests_in_the_engines_order_a_stagger_apart():
+    """A server's front end hands requests to its engine one after another, the reply that
+    streamed out first answered first: so replies that finished in one step release their
+    next requests in the order the engine reported them, a stagger apart, and the client
+    whose conversation is over starts its next one as late as a next turn."""
+    trace = synthetic_trace(num_conversations=4, turns=2, seed=7)
+    workload = build_workload(trace, RunConfig(max_model_len=4096))
+    arrivals = TimedArrivals(workload, "closed-loop", 3, think_time_s=1.0, start_stagger_s=0.25)
+    assert arrivals.due(0.5) == [0, 2, 4]
+    arrivals.after_finished([4, 0, 2], now=3.0)  # the engine's order, not the trace's
+    assert arrivals.due(3.99) == []
+    assert arrivals.due(4.0) == [5]
+    assert arrivals.due(4.25) == [1] and arrivals.due(4.5) == [3]
+    arrivals.after_finished([1], now=5.0)  # "0" is over: the fourth conversation, as late
+    assert arrivals.due(5.9) == [] and arrivals.due(6.0) == [6]
+
+    # with no think time and no stagger, what one step releases arrives at once in trace
+    # order, as the step-based `Arrivals` releases it (the counts of the two stay equal)
+    plain = TimedArrivals(workload, "closed-loop", 3)
+    assert plain.due(0.0) == [0, 2, 4]
+    plain.after_finished([4, 0, 2], now=3.0)
+    assert plain.due(3.0) == [1, 3, 5]
 
 
 # --------------------------------------------------------------------------- bad settings

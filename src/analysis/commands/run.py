@@ -114,7 +114,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--think-time",
         type=float,
         default=d.think_time_s,
-        help="seconds between a reply and the conversation's next turn (closed-loop, poisson)",
+        help=(
+            "seconds between a reply and the next request: the next turn, or in a closed loop "
+            "the client's next conversation"
+        ),
     )
     parser.add_argument(
         "--start-stagger",

@@ -100,7 +100,7 @@ class RunConfig:
     replicas: int = 1  # fleet: replay engines behind one router, each with num_blocks blocks
     router: str = "round-robin"  # fleet: which replica a request goes to (ROUTERS)
     arrival_rate: float | None = None  # poisson: conversations started per second
-    think_time_s: float = 0.0  # closed-loop / poisson: seconds between a reply and the next turn
+    think_time_s: float = 0.0  # seconds between a reply and the client's next request
     # closed-loop: client k's first request arrives k times this after the start (clients that
     # start together reach a server's engine one front-end turn apart)
     start_stagger_s: float = 0.0

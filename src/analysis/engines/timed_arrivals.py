@@ -7,9 +7,14 @@ engine's wall clock, or on replay's virtual clock); with nothing running it wait
 next one. Modes:
 
 - `batch`: every request at time 0.
-- `closed-loop`: C clients; a client's next turn arrives `think_time_s` after its previous
-  turn finished, and a client whose conversation is over starts the next one at once.
-  Client k's first request arrives at k * `start_stagger_s` (default 0: all at once).
+- `closed-loop`: C clients; a client's next request arrives `think_time_s` after its previous
+  one finished: the next turn of its conversation, or, the conversation over, the first turn
+  of the next one (a real client's next conversation crosses the server's front end as a
+  next turn does, so replay on a server's clock, `analysis.timing.served`, needs both late).
+  Client k's first request arrives at k * `start_stagger_s` (default 0: all at once), and
+  requests released by replies that finished in one step arrive a stagger apart too (a
+  server's front end hands them to the engine one after another: with the engine idle, the
+  first is prefilled alone and the others join the next step).
   With a think time of 0 this releases exactly what `Arrivals` releases, at the same step
   boundaries (a test holds the counts equal).
 - `poisson`: open loop; conversations start at the times of a Poisson process of
@@ -20,7 +25,11 @@ next one. Modes:
   conversation's first turn arrives at its time; a later turn at its time, but never before
   `think_time_s` after the previous turn finished (a person cannot answer a reply not yet
   written), so an engine slower than the logged one delays the conversation.
-Requests due at the same time go in the order they were released (trace order within a step).
+Requests due at the same time go in the order they were released. Requests that finished in
+one step release theirs in trace order at a think time of 0, as `Arrivals` does; with a think
+time, in the order the engine reported them finished, as a real client's replies stream out
+of a server (the reply out first is answered first, and its next turn reaches the engine
+first, so it takes the larger share of the next step's token budget).
 """
 
 from __future__ import annotations
@@ -63,6 +72,7 @@ class TimedArrivals:
         self._specs = workload.specs
         self._mode = mode
         self._think = float(think_time_s)
+        self._stagger = float(start_stagger_s)
         self._heap: list[tuple[float, int, int]] = []
         self._order = 0
         self._next_turn: dict[int, list[int]] = {}
@@ -123,10 +133,13 @@ class TimedArrivals:
         heapq.heappush(self._heap, (time_s, self._order, index))
         self._order += 1
 
-    def _start_next(self, time_s: float) -> None:
-        if self._queue:
-            turns = self._queue.popleft()
-            self._push(time_s, turns[0], turns[1:])
+    def _start_next(self, time_s: float) -> bool:
+        """The next conversation's first turn arrives at `time_s`; False: none is left."""
+        if not self._queue:
+            return False
+        turns = self._queue.popleft()
+        self._push(time_s, turns[0], turns[1:])
+        return True
 
     def next_time(self) -> float | None:
         """When the next request arrives (None: no request is waiting to arrive)."""
@@ -146,17 +159,21 @@ class TimedArrivals:
         return ready
 
     def after_finished(self, finished: Iterable[int], now: float) -> None:
-        """Release what requests that finished at `now` were holding back (in trace order)."""
+        """Release what requests that finished at `now` (in the engine's order) were holding
+        back: in trace order at a think time of 0, else in the engine's; each a stagger after
+        the one before."""
         if self._mode == "batch":
             return
-        for index in sorted(finished):
+        released = 0
+        for index in sorted(finished) if self._think == 0 else list(finished):
             later = self._next_turn.pop(index, None)
             if later is None:
                 continue
+            due = now + self._think + released * self._stagger
             if later:
-                due = now + self._think
                 if self._mode == "timestamps":
                     due = max(due, self._logged[later[0]])
                 self._push(due, later[0], later[1:])
+                released += 1
             elif self._mode == "closed-loop":
-                self._start_next(now)
+                released += self._start_next(due)
