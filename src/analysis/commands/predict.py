@@ -52,7 +52,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--start-stagger",
         type=float,
         default=0.0,
-        help="--clients: seconds between the clients' first requests (a server's front end)",
+        help=(
+            "--clients: seconds between requests that reach the engine together: the clients' "
+            "first, and those released by replies of one step (a server's front end)"
+        ),
     )
     parser.add_argument(
         "--no-prefix-caching", action="store_true", help="vLLM's prefix caching off"

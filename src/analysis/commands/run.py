@@ -123,7 +123,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--start-stagger",
         type=float,
         default=d.start_stagger_s,
-        help="closed-loop: seconds between the clients' first requests (a server's front end)",
+        help=(
+            "closed-loop: seconds between requests that reach the engine together: the "
+            "clients' first, and those released by replies of one step (a server's front end)"
+        ),
     )
     parser.add_argument(
         "--clock",

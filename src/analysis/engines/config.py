@@ -101,8 +101,9 @@ class RunConfig:
     router: str = "round-robin"  # fleet: which replica a request goes to (ROUTERS)
     arrival_rate: float | None = None  # poisson: conversations started per second
     think_time_s: float = 0.0  # seconds between a reply and the client's next request
-    # closed-loop: client k's first request arrives k times this after the start (clients that
-    # start together reach a server's engine one front-end turn apart)
+    # closed-loop: requests that would reach the engine together arrive this far apart (a
+    # server's front end hands them over one at a time): client k's first at k times this, and
+    # the next requests of replies that finished in one step
     start_stagger_s: float = 0.0
     clock: str | None = None  # replay: a step-cost profile (JSON) that gives steps their time
     clock_anyway: bool = False  # use a profile measured for another machine / model / vLLM
