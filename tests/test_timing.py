@@ -253,6 +253,14 @@ def test_replies_of_one_step_release_their_next_requests_in_the_engines_order_a_
     arrivals.after_finished([1], now=5.0)  # "0" is over: the fourth conversation, as late
     assert arrivals.due(5.9) == [] and arrivals.due(6.0) == [6]
 
+    # an open loop's later turns so too; its conversations start on the Poisson schedule
+    poisson = TimedArrivals(
+        workload, "poisson", 1, arrival_rate=1e6, think_time_s=1.0, start_stagger_s=0.25
+    )
+    assert poisson.due(1.0) == [0, 2, 4, 6]
+    poisson.after_finished([6, 2], now=3.0)
+    assert poisson.due(4.0) == [7] and poisson.due(4.25) == [3]
+
     # with no think time and no stagger, what one step releases arrives at once in trace
     # order, as the step-based `Arrivals` releases it (the counts of the two stay equal)
     plain = TimedArrivals(workload, "closed-loop", 3)
@@ -269,7 +277,10 @@ def test_replies_of_one_step_release_their_next_requests_in_the_engines_order_a_
         ({"mode": "poisson", "arrival_rate": -1.0, "clock": "p.json"}, "--arrival-rate"),
         ({"think_time_s": -0.1}, "think_time_s"),
         ({"start_stagger_s": -0.1}, "start_stagger_s"),
-        ({"start_stagger_s": 0.1, "mode": "batch", "clock": "p.json"}, "closed-loop"),
+        (
+            {"start_stagger_s": 0.1, "mode": "batch", "clock": "p.json"},
+            "mode='closed-loop' or 'poisson'",
+        ),
         ({"start_stagger_s": 0.1}, "need a clock"),
         ({"engine": "vllm", "clock": "p.json", "block_size": 32}, "drop --clock"),
         ({"think_time_s": 1.0}, "need a clock"),
@@ -712,7 +723,7 @@ def test_predict_prints_a_json_summary_and_refuses_bad_arrivals(tmp_path, capsys
     assert first_turns.loc[two, "arrival_s"].tolist() == [0.0, 0.5]
     for bad, words in [
         (["--rate", "0"], "positive"),
-        (["--rate", "1", "--start-stagger", "0.5"], "closed-loop"),
+        (["--timestamps", "--start-stagger", "0.5"], "mode='closed-loop' or 'poisson'"),
         (["--clients", "2", "--slo-tpot", "0"], "--slo-tpot"),
         (["--clients", "2", "--replicas", "0"], "replicas must be a positive integer"),
     ]:

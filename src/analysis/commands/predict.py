@@ -53,8 +53,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=0.0,
         help=(
-            "--clients: seconds between requests that reach the engine together: the clients' "
-            "first, and those released by replies of one step (a server's front end)"
+            "seconds between requests that reach the engine together: the --clients' first, "
+            "and those released by replies of one step (a server's front end)"
         ),
     )
     parser.add_argument(

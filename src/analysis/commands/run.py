@@ -124,8 +124,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=d.start_stagger_s,
         help=(
-            "closed-loop: seconds between requests that reach the engine together: the "
-            "clients' first, and those released by replies of one step (a server's front end)"
+            "closed-loop, poisson: seconds between requests that reach the engine together: "
+            "closed-loop clients' first, and those released by replies of one step (a server's "
+            "front end)"
         ),
     )
     parser.add_argument(

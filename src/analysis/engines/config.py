@@ -101,9 +101,9 @@ class RunConfig:
     router: str = "round-robin"  # fleet: which replica a request goes to (ROUTERS)
     arrival_rate: float | None = None  # poisson: conversations started per second
     think_time_s: float = 0.0  # seconds between a reply and the client's next request
-    # closed-loop: requests that would reach the engine together arrive this far apart (a
-    # server's front end hands them over one at a time): client k's first at k times this, and
-    # the next requests of replies that finished in one step
+    # requests that would reach the engine together arrive this far apart (a server's front end
+    # hands them over one at a time): closed-loop client k's first at k times this, and
+    # (closed-loop, poisson) the next requests of replies that finished in one step
     start_stagger_s: float = 0.0
     clock: str | None = None  # replay: a step-cost profile (JSON) that gives steps their time
     clock_anyway: bool = False  # use a profile measured for another machine / model / vLLM
@@ -313,10 +313,11 @@ def _check_time(config: RunConfig) -> None:
     stagger = config.start_stagger_s
     if not (isinstance(stagger, int | float) and math.isfinite(stagger) and stagger >= 0):
         raise ConfigError(f"start_stagger_s must be 0 or more seconds (got {stagger!r})")
-    if stagger and config.mode != "closed-loop":
+    if stagger and config.mode not in ("closed-loop", "poisson"):
         raise ConfigError(
-            f"start_stagger_s spaces the first requests of closed-loop clients; mode "
-            f"{config.mode!r} has none: drop it or use mode='closed-loop'"
+            f"start_stagger_s spaces the requests of closed-loop clients or open-loop "
+            f"conversations that reach the engine together; mode {config.mode!r} has none: drop "
+            "it or use mode='closed-loop' or 'poisson'"
         )
     if config.clock is not None and config.engine not in ("replay", "fleet"):
         raise ConfigError(

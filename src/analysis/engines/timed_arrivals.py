@@ -20,7 +20,8 @@ next one. Modes:
 - `poisson`: open loop; conversations start at the times of a Poisson process of
   `arrival_rate` per second (seeded), and a conversation's later turns arrive `think_time_s`
   after the previous one finished, as a person replies. For a single-turn trace this is the
-  usual Poisson request stream.
+  usual Poisson request stream. Later turns released by replies of one step arrive
+  `start_stagger_s` apart, as in a closed loop (the conversations' starts are the schedule's).
 - `timestamps`: the trace's own times (its `timestamp` column, counted from the first): a
   conversation's first turn arrives at its time; a later turn at its time, but never before
   `think_time_s` after the previous turn finished (a person cannot answer a reply not yet

@@ -8,8 +8,9 @@ A server does more than its engine, and two named terms hold the rest:
   together reach the engine one front-end turn apart, so the first is prefilled alone and
   the others join the next step (started at once in replay, all would share one prefill
   step, and every decode after it would keep that lockstep); a ShareGPT cell's clients start
-  so too, and the next requests of replies that finished in one step reach the engine so,
-  the reply out of the engine first answered first (`RunConfig.start_stagger_s`);
+  so too, and in a closed or an open loop the next requests of replies that finished in one
+  step reach the engine so, the reply out of the engine first answered first
+  (`RunConfig.start_stagger_s`);
 - `step_s` (s per engine step, added to the profile's `fixed` term): a CPU server runs the
   model in a worker process of its own, so every step crosses from the engine core to the
   worker and back, and its outputs on to the front end, which streams them.
@@ -233,6 +234,7 @@ def _replay_arrivals(
         "concurrency": clients,
         "arrival_rate": float(cell["arrival_rate"]),
         "seed": int(cell["arrival_seed"]),
+        "start_stagger_s": terms.frontend_s,  # later turns released together, as above
     }
 
 
