@@ -467,6 +467,55 @@ def test_the_loss_split_names_the_missing_one_engine_run():
         loss_split(table, "routers")
 
 
+def test_a_fleet_of_one_has_one_id_whatever_its_router():
+    one = RunConfig(engine="fleet", replicas=1, **SMALL)
+    ids = {one.with_(router=router).config_id("t") for router in ROUTER_SPECS}
+    assert len(ids) == 1 and "-x1-" in ids.pop()
+    two = {one.with_(replicas=2, router=router).config_id("t") for router in ROUTER_SPECS}
+    assert len(two) == len(ROUTER_SPECS)
+
+
+@pytest.mark.engine
+def test_a_grids_fleet_of_one_runs_once_for_all_its_routers_and_keeps_their_names(
+    tmp_path, monkeypatch
+):
+    """Every router gives a fleet of one the same run (above), so a grid runs it once; its
+    table still has a row per router, each under the router its point names."""
+    from analysis import sweeps
+    from analysis.data.traces import write_trace
+    from analysis.sweeps import executors
+    from analysis.sweeps.fleet import fleet_table
+
+    monkeypatch.setenv("PREFIX_CACHE_LAB_ROOT", str(tmp_path))  # results under tmp_path
+    trace = tmp_path / "tiny.parquet"
+    write_trace(trace, trace_of(16, seed=13))
+    grid = tmp_path / "fleet.toml"
+    series = """
+[[series]]
+name = "routers"
+traces = ["{trace}"]
+engines = ["fleet"]
+block_sizes = [16]
+num_blocks = [{blocks}]
+replicas = {replicas}
+router = ["round-robin", "affinity", "precise-prefix"]
+"""
+    grid.write_text(
+        '[base]\nmode = "closed-loop"\nconcurrency = 8\nmax_model_len = 2048\n'
+        + series.format(trace=trace, blocks=600, replicas=1)
+        + series.format(trace=trace, blocks=300, replicas=2)
+    )
+    points = sweeps.grid_points(grid)
+    ran = executors.run_points(points, "local", progress=False).ran
+    assert sorted(p.config.replicas for p in ran) == [1, 2, 2, 2]
+    table = fleet_table(grid, run_missing=False).set_index("point_id")
+    assert len(table) == 6
+    for point in points:
+        assert table.loc[point.point_id, "router"] == point.config.router
+    alone = table[table["replicas"] == 1].drop(columns=["router", "series"])
+    assert (alone.nunique(dropna=False) == 1).all()
+
+
 @pytest.mark.engine
 def test_fleet_points_run_on_ray_as_locally_and_resume(tmp_path):
     """A fleet point is a sweep point: `--executor ray` gives the local tables, and a finished

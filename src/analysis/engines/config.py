@@ -152,8 +152,8 @@ class RunConfig:
             parts.append(f"first{self.limit}")
         if self.dtype is not None:
             parts.append(self.dtype)
-        if self.engine == "fleet":
-            parts.append(f"x{self.replicas}-{self.router}")
+        if self.engine == "fleet":  # a fleet of one routes nothing: no router in its name
+            parts.append(f"x{self.replicas}" + (f"-{self.router}" if self.replicas > 1 else ""))
         if self.think_time_s:
             parts.append(f"think{self.think_time_s:g}")
         if self.start_stagger_s:
@@ -203,6 +203,8 @@ def config_digest(config: RunConfig, trace_hash: str, extra: str = "") -> str:
     if config.engine != "fleet":
         for name in FLEET_FIELDS:
             del data[name]
+    elif config.replicas == 1:  # every router sends every request to the one replica
+        del data["router"]
     if config.engine != "vllm":  # no model runs: the device changes nothing (ids made had cpu)
         data["device"] = DEVICES[0]
     for name, default in OPTIONAL_FIELDS.items():
