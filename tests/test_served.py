@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -837,3 +838,17 @@ def test_the_cells_without_a_prefix_are_an_a_a_pair_only_when_sent_alike_and_unc
         served.identical_work_checks(hit).assert_all()
     with pytest.raises(AssertionError, match="measured on both servers"):
         served.identical_work_checks(cells[cells["mode"] == "cache"]).assert_all()
+
+
+def test_the_open_loops_lag_behind_its_schedule_is_read_from_each_first_turn():
+    requests = pd.DataFrame(
+        {
+            "start_s": [0.001, 0.5, 0.262, 1.0, 0.0],
+            "due_s": [0.0, np.nan, 0.25, np.nan, 0.002],  # the last started early: no lag
+        }
+    )
+    reading = served.schedule_reading(requests)
+    assert "the 3 conversations" in reading
+    assert "a median of 1.0 ms and at most 12.0 ms" in reading
+    assert served.schedule_reading(requests.drop(columns="due_s")) == ""
+    assert served.schedule_reading(requests.assign(due_s=np.nan)) == ""

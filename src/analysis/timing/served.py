@@ -362,6 +362,24 @@ def tpot_breakdown(clocks: pd.DataFrame, predicted: pd.DataFrame) -> pd.DataFram
     return table
 
 
+def schedule_reading(requests: pd.DataFrame) -> str:
+    """How far behind its Poisson schedule an open loop's client started the conversations
+    (each first turn's `start_s` against its `due_s`, every repeat and mode): replay starts them
+    on the schedule itself, so a client slowed by a busy machine shows here, not as an error
+    of the clock. Empty for requests that do not record when they were due."""
+    if "due_s" not in requests.columns:
+        return ""
+    first = requests[requests["due_s"].notna()]
+    if first.empty:
+        return ""
+    lag = (first["start_s"] - first["due_s"]).clip(lower=0.0)
+    return (
+        f"The client started the {len(first)} conversations (every repeat, both modes) a median "
+        f"of {lag.median() * 1e3:.1f} ms and at most {lag.max() * 1e3:.1f} ms after their "
+        "Poisson times; replay starts them on the times themselves."
+    )
+
+
 def tpot_reading(breakdown: pd.DataFrame) -> str:
     """Where the TPOT error lies, from `tpot_breakdown` (every number from it): per cell, what
     the way out added per token, and replay against the engine core's own TPOT."""
