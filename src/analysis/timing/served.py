@@ -364,9 +364,9 @@ def tpot_breakdown(clocks: pd.DataFrame, predicted: pd.DataFrame) -> pd.DataFram
 
 def schedule_reading(requests: pd.DataFrame) -> str:
     """How far behind its Poisson schedule an open loop's client started the conversations
-    (each first turn's `start_s` against its `due_s`, every repeat and mode): replay starts them
-    on the schedule itself, so a client slowed by a busy machine shows here, not as an error
-    of the clock. Empty for requests that do not record when they were due."""
+    (each first turn's `start_s` against its `due_s`, every repeat of every cell): replay
+    starts them on the schedule itself, so a client slowed by a busy machine shows here, not
+    as an error of the clock. Empty for requests that do not record when they were due."""
     if "due_s" not in requests.columns:
         return ""
     first = requests[requests["due_s"].notna()]
@@ -374,7 +374,7 @@ def schedule_reading(requests: pd.DataFrame) -> str:
         return ""
     lag = (first["start_s"] - first["due_s"]).clip(lower=0.0)
     return (
-        f"The client started the {len(first)} conversations (every repeat, both modes) a median "
+        f"The client started the {len(first)} conversations (every repeat of every cell) a median "
         f"of {lag.median() * 1e3:.1f} ms and at most {lag.max() * 1e3:.1f} ms after their "
         "Poisson times; replay starts them on the times themselves."
     )
