@@ -184,6 +184,28 @@ def test_interrupted_sweep_resumes_with_the_rest(grid, ray_instance, tmp_path, e
     assert all(sweeps.is_done(p, sweeps.result_folder(p, tmp_path)) for p in points)
 
 
+def test_several_grids_run_in_one_sweep_and_a_shared_point_runs_once(
+    grid, monkeypatch, tmp_path, capsys
+):
+    """`make report` runs its notebooks' grids in one sweep (one pool of workers): every
+    point of both grids is written, a point in both once; --list takes one grid."""
+    from analysis.cli import main
+
+    monkeypatch.setenv("PREFIX_CACHE_LAB_ROOT", str(tmp_path))
+    other = tmp_path / "other.toml"  # one point of `grid` (16 x 200) and one of its own
+    other.write_text(
+        grid.read_text().replace("[16, 32]", "[16]").replace("[200, 2000]", "[200, 900]")
+    )
+    assert main(["sweep", "--grid", str(grid), str(other)]) == 0
+    out = capsys.readouterr().out
+    assert "5 point(s) run, 0 already complete, of 5 distinct in grid" in out
+    assert str(grid) in out and str(other) in out
+    points = sweeps.grid_points(grid) + sweeps.grid_points(other)
+    assert all(sweeps.is_done(p) for p in points)
+    assert main(["sweep", "--grid", str(grid), str(other), "--list"]) == 2
+    assert capsys.readouterr().err.strip() == "--list and --point take one grid, got 2"
+
+
 def test_ray_executor_without_ray_is_one_line(grid, monkeypatch, capsys):
     from analysis.cli import main
 

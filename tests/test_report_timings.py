@@ -114,6 +114,20 @@ def test_an_estimate_refuses_an_unknown_or_broken_grid(tmp_root: Path, capsys) -
         timings.pending_points(str(tmp_root / "int.toml"))
 
 
+def test_an_estimate_counts_a_point_of_two_grids_once(tmp_root: Path) -> None:
+    from analysis.data.traces import write_trace
+    from analysis.engines.synthetic import synthetic_trace
+
+    trace = tmp_root / "t.parquet"
+    write_trace(trace, synthetic_trace(4, seed=1))
+    series = f'[[series]]\nname = "s"\ntraces = ["{trace}"]\nengines = ["replay"]\n'
+    (tmp_root / "a.toml").write_text(series + "block_sizes = [16]\nnum_blocks = [600, 700]\n")
+    (tmp_root / "b.toml").write_text(series + "block_sizes = [16]\nnum_blocks = [700, 800]\n")
+    grids = str(tmp_root / "a.toml"), str(tmp_root / "b.toml")
+    assert timings.pending_points(grids[0]) == {"replay": 2}
+    assert timings.pending_points(*grids) == {"replay": 3}
+
+
 def test_the_total_is_the_wall_time_with_what_no_stage_timed_shown(monkeypatch) -> None:
     """A server start waited for between notebooks, or a process starting between stages, is
     in no stage: it is a row of its own, so that the total is the run's wall time."""

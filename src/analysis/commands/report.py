@@ -41,7 +41,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--estimate", action="store_true", help="print what the report should take and stop"
     )
-    parser.add_argument("--grid", default="default", help="sweep grid counted by --estimate")
+    parser.add_argument(
+        "--grid", nargs="+", default=["default"], help="sweep grids counted by --estimate"
+    )
     parser.add_argument(
         "--profile",
         default=None,
@@ -85,7 +87,7 @@ def main(args: argparse.Namespace) -> int:
         print("\n".join(lines), flush=True)
         return 0
     if args.estimate:
-        print(timings.estimate(notebooks, timings.pending_points(args.grid)), flush=True)
+        print(timings.estimate(notebooks, timings.pending_points(*args.grid)), flush=True)
         return 0
     if args.notebooks:
         notebooks = [p for p in notebooks if any(p.name.startswith(s) for s in args.notebooks)]

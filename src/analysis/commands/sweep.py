@@ -4,6 +4,11 @@
     python -m analysis sweep --grid default --point ID    # one point, through notebook 03
     python -m analysis sweep --grid default               # every missing point, inline
     python -m analysis sweep --grid full --executor ray   # one Ray task per missing point
+    python -m analysis sweep --grid default fleet --workers 2  # several grids, one pool
+
+`make report` runs the grids of its notebooks in one pool of workers this way: each worker
+imports vLLM once (about 10 s of a core), instead of once for the sweep and again for each
+notebook that runs a grid of its own.
 
 `make sweep` runs one make target per point (so `make -j` runs points in parallel): notebook 03
 executed with the point's parameters, into reports/runs/<grid>/<point>.ipynb. A point whose
@@ -22,7 +27,13 @@ import sys
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--grid", default="default", help="configs/<name>.toml or a path")
+    parser.add_argument(
+        "--grid",
+        nargs="+",
+        default=["default"],
+        help="configs/<name>.toml or a path; several grids run in one pool (not with --list, "
+        "--point)",
+    )
     parser.add_argument("--list", action="store_true", help="print the point ids and stop")
     parser.add_argument("--pending", action="store_true", help="with --list: unfinished only")
     parser.add_argument("--point", help="run this point through notebooks/03-run-config.ipynb")
@@ -47,7 +58,11 @@ def main(args: argparse.Namespace) -> int:
     from analysis.sweeps.executors import run_points
     from analysis.sweeps.grid import find_point, grid_points, is_done, result_folder
 
-    points = grid_points(args.grid)  # GridError, ConfigError: printed as one line by the CLI
+    if (args.list or args.point) and len(args.grid) > 1:
+        print(f"--list and --point take one grid, got {len(args.grid)}", file=sys.stderr)
+        return 2
+    # GridError, ConfigError: printed as one line by the CLI
+    points = [point for grid in args.grid for point in grid_points(grid)]
     if args.list:
         for point in points:
             if not (args.pending and is_done(point)):
@@ -55,7 +70,7 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if args.point:  # the notebook computes the result unless it is complete (or --force)
         point = find_point(points, args.point)
-        output = run_point_notebook(point, args.grid, force=args.force)
+        output = run_point_notebook(point, args.grid[0], force=args.force)
         print(f"{point.point_id}: {result_folder(point).name} (notebook: {output})")
         return 0
     folders = {result_folder(point) for point in points}  # series may share a point
@@ -74,7 +89,7 @@ def main(args: argparse.Namespace) -> int:
     )
     print(
         f"{len(done.ran)} point(s) run, {len(done.skipped)} already complete, of "
-        f"{len(done.ran) + len(done.skipped)} distinct in grid {args.grid} "
+        f"{len(done.ran) + len(done.skipped)} distinct in grid {', '.join(args.grid)} "
         f"({args.executor}, {done.seconds:.0f} s)"
     )
     return 0

@@ -198,18 +198,24 @@ def estimate(notebooks: list[Path], pending_points: dict[str, int] | None) -> st
     return "\n".join(lines)
 
 
-def pending_points(grid: str) -> dict[str, int] | None:
-    """Sweep points without a complete result, per engine; None while the grid's traces are not
-    built (its "log:N" and "max" points are sized from them). An unknown or broken grid is its
-    one-line GridError, as `sweep` gives it: an estimate must not hide it."""
-    from analysis.sweeps.grid import grid_points, is_done, load_grid, missing_traces
+def pending_points(*grids: str) -> dict[str, int] | None:
+    """The grids' points without a complete result (one count per distinct result), per
+    engine; None while a grid's traces are not built (its "log:N" and "max" points are sized
+    from them). An unknown or broken grid is its one-line GridError, as `sweep` gives it: an
+    estimate must not hide it."""
+    from analysis.sweeps.grid import grid_points, is_done, load_grid, missing_traces, result_folder
 
-    if missing_traces(load_grid(grid)):
+    if any(missing_traces(load_grid(grid)) for grid in grids):
         return None
+    pending = {
+        result_folder(point): point.config.engine
+        for grid in grids
+        for point in grid_points(grid)
+        if not is_done(point)
+    }
     counts: dict[str, int] = {}
-    for point in grid_points(grid):
-        if not is_done(point):
-            counts[point.config.engine] = counts.get(point.config.engine, 0) + 1
+    for engine in pending.values():
+        counts[engine] = counts.get(engine, 0) + 1
     return counts
 
 
