@@ -194,3 +194,11 @@ def test_the_readme_counts_a_side_by_side_run_once(tmp_path: Path) -> None:
     durations.write_csv(rows, path, "2026-01-02T03:04:05+00:00")
     line = readme_sections.report_times(tmp_path)
     assert "took 10m15s" in line and "outside the stages 25 s." in line
+
+
+def test_the_machine_line_says_what_torch_was_told_to_dispatch_as(monkeypatch) -> None:
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    plain = durations.machine_line()
+    assert "ATEN_CPU_CAPABILITY" not in plain
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    assert durations.machine_line() == f"{plain} (ATEN_CPU_CAPABILITY=avx2)"

@@ -164,7 +164,9 @@ def machine_line() -> str:
     from analysis.platform.hardware import machine
 
     facts = machine()
-    return ", ".join(part for part in (facts.cpu_name.strip(), facts.cpu_capability) if part)
+    line = ", ".join(part for part in (facts.cpu_name.strip(), facts.cpu_capability) if part)
+    told = os.environ.get("ATEN_CPU_CAPABILITY")  # the capability torch was told to dispatch as
+    return f"{line} (ATEN_CPU_CAPABILITY={told})" if told else line
 
 
 def _run_order(path: Path) -> tuple[int, str]:

@@ -54,6 +54,7 @@ SECTIONS: dict[str, Callable[[Path], str]] = {
     "study-findings": sections.study_findings,
     "test-times": sections.test_times,
     "report-times": sections.report_times,
+    "report-times-avx2": sections.report_times_avx2,
 }
 
 

@@ -542,17 +542,34 @@ def _recorded_rows(root: Path, relative: str, what: str) -> list[dict[str, str]]
 
 
 REPORT_TIMES = "data/external/ci/2026-11-29-2863832/make-report.csv"
+# The same kind of run with torch and oneDNN told to dispatch as on an AVX2-only CPU
+# (`ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`), so that the models ran in float32.
+REPORT_TIMES_AVX2 = "data/external/ci/2026-11-29-57f4c30-avx2/make-report.csv"
 
 
 def report_times(root: Path) -> str:
     """A recorded fresh `make report`: its stages and slowest notebooks, from the table it
     printed at its end (`reports/report-times.csv`, copied here)."""
+    return _report_times(root, REPORT_TIMES, "A fresh `make report` (a clone with no `.venv`)")
+
+
+def report_times_avx2(root: Path) -> str:
+    """`report_times` for the run told to dispatch as an AVX2-only CPU."""
+    return _report_times(
+        root,
+        REPORT_TIMES_AVX2,
+        "The same, told to dispatch as an AVX2-only CPU (`ATEN_CPU_CAPABILITY=avx2 "
+        "ONEDNN_MAX_CPU_ISA=AVX2`: the local models in float32)",
+    )
+
+
+def _report_times(root: Path, relative: str, run: str) -> str:
     from analysis.report.timings import OUTSIDE, format_seconds
 
-    rows = _recorded_rows(root, REPORT_TIMES, "reports/report-times.csv")
+    rows = _recorded_rows(root, relative, "reports/report-times.csv")
     total = next((float(r["seconds"]) for r in rows if r["section"] == "total"), None)
     if total is None:
-        raise SourceError(f"{REPORT_TIMES} has no total: it was not a whole `make report`")
+        raise SourceError(f"{relative} has no total: it was not a whole `make report`")
     stages = {r["name"]: float(r["seconds"]) for r in rows if r["section"] == "stage"}
     # the notebooks' wall time: the ones run alone and the runs of them side by side
     notebooks_wall = sum(v for k, v in stages.items() if k.startswith("notebook"))
@@ -583,10 +600,9 @@ def report_times(root: Path) -> str:
         parts.append(f"outside the stages {format_seconds(stages[OUTSIDE])}")
     first = rows[0]
     return (
-        f"A fresh `make report` (a clone with no `.venv`), recorded "
-        f"{first['recorded'][:10]} on {first['machine']} with {first['cores']} cores, took "
-        f"{format_seconds(total)}: {', '.join(parts)}. Its slowest notebooks: {named} "
-        f"(`{REPORT_TIMES}`, the table `make report` prints at its end).\n"
+        f"{run}, recorded {first['recorded'][:10]} on {first['machine']} with {first['cores']} "
+        f"cores, took {format_seconds(total)}: {', '.join(parts)}. Its slowest notebooks: "
+        f"{named} (`{relative}`, the table `make report` prints at its end).\n"
     )
 
 
