@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -213,10 +214,7 @@ def pending_points(*grids: str) -> dict[str, int] | None:
         for point in grid_points(grid)
         if not is_done(point)
     }
-    counts: dict[str, int] = {}
-    for engine in pending.values():
-        counts[engine] = counts.get(engine, 0) + 1
-    return counts
+    return dict(Counter(pending.values()))
 
 
 def _machine() -> dict[str, Any]:

@@ -34,7 +34,8 @@ def fleet_table(name_or_path: str | Path = "fleet", *, run_missing: bool = True)
         rows.append(
             {"point_id": point.point_id, "series": point.series, "trace": config.trace}
             | fleet_row(result, traces[key])
-            # a fleet of one is one run for every router (`config_digest`): the point's
+            # a fleet of one is one run for every router (`config_digest`): the router
+            # is the point's own, not that of the point whose run it shares
             | {"router": config.router}
         )
     return pd.DataFrame(rows)
