@@ -122,6 +122,13 @@ test: setup $(VENV)/.installed-extra-ray ## ruff + pytest (real vLLM and Ray inc
 	  if [ $$rc -eq 0 ]; then ( $(nbval_runs) ) || rc=$$?; fi; \
 	  $(PY) -m analysis durations test; exit $$rc
 
+.PHONY: coverage
+coverage: setup $(VENV)/.installed-extra-ray $(VENV)/.installed-extra-coverage ## line coverage of src/analysis over pytest (processes it starts included), per module
+	rm -rf reports/coverage && mkdir -p reports/coverage
+	COVERAGE_FILE=$(CURDIR)/reports/coverage/.coverage $(VENV)/bin/pytest -n $(TEST_WORKERS) \
+	    --dist loadfile --no-loadscope-reorder -p no:cacheprovider -q \
+	    --cov --cov-report=term:skip-covered --cov-report=json:reports/coverage/coverage.json
+
 .PHONY: nbval
 nbval: setup ## re-execute the committed notebooks and compare their outputs, then each one's time
 	rm -f $(JUNIT)/pytest.xml $(JUNIT)/nbval*.xml
