@@ -127,7 +127,8 @@ coverage: setup $(VENV)/.installed-extra-ray $(VENV)/.installed-extra-coverage #
 	rm -rf reports/coverage && mkdir -p reports/coverage
 	COVERAGE_FILE=$(CURDIR)/reports/coverage/.coverage $(VENV)/bin/pytest -n $(TEST_WORKERS) \
 	    --dist loadfile --no-loadscope-reorder -p no:cacheprovider -q \
-	    --cov --cov-report=term:skip-covered --cov-report=json:reports/coverage/coverage.json
+	    --cov --cov-report= --cov-report=json:reports/coverage/coverage.json
+	$(PY) -m analysis coverage
 
 .PHONY: nbval
 nbval: setup ## re-execute the committed notebooks and compare their outputs, then each one's time

@@ -24,6 +24,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "gpu-check": ("gpu_check", "prove a GPU machine: real engine vs replay, then GPU timing"),
     "report": ("report", "re-execute the notebooks with papermill and build the HTML report"),
     "durations": ("durations", "where make test or make report spent its time: table and CSV"),
+    "coverage": (
+        "coverage",
+        "line coverage make coverage measured: total, least covered files, CSV",
+    ),
     "readme": ("readme", "rewrite README.md's generated blocks from committed notebook outputs"),
     "vllm": ("vllm_cli", "vLLM's own command line (serve, bench ...) in this environment"),
 }

@@ -606,6 +606,27 @@ def _report_times(root: Path, relative: str, run: str) -> str:
     )
 
 
+# -- what `make coverage` measured ------------------------------------------------------------
+
+COVERAGE = "data/external/ci/2026-11-29-e66d664/coverage.csv"
+
+
+def test_coverage(root: Path) -> str:
+    """The line coverage of a recorded `make coverage` (its `reports/coverage.csv`, copied)."""
+    from analysis.report.coverage import read_total
+
+    path = root / COVERAGE
+    if not path.is_file():
+        raise SourceError(f"{COVERAGE} is missing: copy reports/coverage.csv of `make coverage`")
+    total = read_total(path)
+    commit = Path(COVERAGE).parent.name.rsplit("-", 1)[-1]
+    return (
+        f"`make coverage` at commit {commit} ran {float(total['percent_covered']):.2f} % of the "
+        f"{int(total['statements']):,} statements of `src/analysis` "
+        f"({int(total['missing']):,} never ran; every file in `{COVERAGE}`).\n"
+    )
+
+
 def test_times(root: Path) -> str:
     """A recorded fresh `bash .ci/run`: its phases and slowest notebooks, from the CSV that
     `python -m analysis durations` wrote at its end (copied here from `reports/`)."""
