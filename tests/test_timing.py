@@ -1012,3 +1012,38 @@ def test_offloading_in_time_reads_its_table_and_its_checks_can_fail():
     ):
         with pytest.raises(AssertionError):
             offload.checks(_offload_rows(**bad)).assert_all()
+
+
+def test_the_calibrate_command_hands_the_server_limits_on_and_writes_the_folder(
+    tmp_path, monkeypatch, capsys
+):
+    """`python -m analysis calibrate` as notebook 08 runs it, the real engine's measurement
+    replaced by steps it made (notebook 08's float32 calibration): the limits reach the
+    engine's settings, the profile is fitted the CPU's way and the folder is written whole."""
+    from analysis import cli
+    from analysis.timing.calibration import Calibration
+
+    kept = CPU_CALIBRATIONS / "2026-11-29-avx2-float32" / "calibration"
+    asked = {}
+
+    def measured(device, **kwargs):
+        asked.update(kwargs, device=device)
+        steps = pd.read_parquet(kept / "steps.parquet")
+        profile = fit_profile(steps, {"machine": "kept"}, method=calibration_method(device))
+        return Calibration(profile, steps)
+
+    monkeypatch.setattr("analysis.timing.calibrate", measured)
+    out = tmp_path / "calibration"
+    argv = ["calibrate", "--no-validate", "--block-size", "32", "--max-num-batched-tokens"]
+    assert cli.main([*argv, "2048", "--max-num-seqs", "128", "--out", str(out)]) == 0
+    assert asked["device"] == "cpu" and asked["block_size"] == 32 and not asked["validate"]
+    assert asked["settings"] == {"max_num_batched_tokens": 2048, "max_num_seqs": 128}
+    written = load_profile(out / "profile.json")
+    assert written.fit["method"] == FIT_METHODS["seconds-batch-robust-chosen"]
+    assert written.fit["term_set"] == "none per entering request"
+    assert json.loads((out / "manifest.json").read_text())["fit"] == written.fit
+    assert capsys.readouterr().out.strip() == f"profile: {out / 'profile.json'}"
+    # a repeat count that cannot run is one line, before anything is measured
+    asked.clear()
+    assert cli.main(["calibrate", "--repeats", "0", "--out", str(out)]) == 2
+    assert asked == {} and "--repeats must be 1 or more" in capsys.readouterr().err
