@@ -1,6 +1,6 @@
 """Fit a step-cost profile to a real engine's measured steps.
 
-Least squares over the terms of `analysis.engines.clock.TERMS`, in one of three ways:
+Least squares over the terms of `analysis.engines.clock.TERMS`, in one of these ways (`METHODS`):
 
 - `seconds` (the default): on each step's time in seconds, so the profile estimates a step's
   *mean* time for its make-up. A run's latencies and throughput are sums of step times, and
@@ -10,7 +10,7 @@ Least squares over the terms of `analysis.engines.clock.TERMS`, in one of three 
   step counts as much as a 300 ms prefill): the typical (median-like) step, and the outside
   costs as medians. Step times are skewed to the slow side, so this profile under-charges a
   whole run by the skew (the first H100 calibrations were fitted so, and say so).
-- `seconds-batch` (what `calibrate` fits on a CPU, `calibration_method`): `seconds` with one
+- `seconds-batch`: `seconds` with one
   more term per small decode batch: `decode_batch_s[n]` for the steps that only decode n
   requests, n from 1 up to the first size the calibration decoded fewer than
   `DECODE_BATCH_MIN_STEPS` times. A linear model charges every decoded request alike; on a
@@ -21,6 +21,8 @@ Least squares over the terms of `analysis.engines.clock.TERMS`, in one of three 
   others: each is its steps' mean residual, the others the non-negative least squares on
   what varies within those steps and on every other step, so a run's summed time is kept as
   `seconds` keeps it.
+- `seconds-batch-robust`: `seconds-batch` fitted again without the steps a busy moment of the
+  machine slowed (`without_outliers`).
 - `seconds-batch-robust-chosen` (what `calibrate` fits on a CPU): `seconds-batch-robust` on
   the term set of `TERM_SETS` that best predicts a workload it was not fitted on. Each
   calibration workload in turn is left out, the profile fitted on the others, and the left-out
@@ -102,7 +104,8 @@ def calibration_method(device: str) -> str:
     """How `calibrate` fits a new profile on `device` (committed calibrations keep their own,
     `held_out.refit`): with a term per small decode batch on a CPU, whose decodes cost nearly
     alike from one request to six (the served held-out cells of notebook 08 were missed by
-    that), without the steps a busy moment of the machine slowed (`TRIM_SDS`); on seconds
+    that), without the steps a busy moment of the machine slowed (`TRIM_SDS`), on the term set
+    that best predicts a left-out calibration workload (`TERM_SETS`); on seconds
     alone on a GPU, where the H200 calibration's held-out TTFT came out worse with the batch
     terms than without (notebook 17 prints every method)."""
     return "seconds-batch-robust-chosen" if device == "cpu" else "seconds"
