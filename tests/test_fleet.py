@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 import pytest
+from fleet_tables import ONE_ENGINE_AND_TWO_REPLICAS, fleet_rows
 
 from analysis.engines import ConfigError, RunConfig, validate
 from analysis.engines.config import ROUTERS, router_spec
@@ -407,42 +408,10 @@ def test_engine_order_bounds_see_the_interleaving_of_many_clients():
 # --------------------------------------------------------------------------- the loss split
 
 
-def fleet_rows(points: list[tuple[str, int, int, str, float]]) -> pd.DataFrame:
-    """A fleet table (`sweeps.fleet.fleet_table`'s columns that the split reads) from
-    (series, replicas, clients, router, delivered), 1,200 blocks in all, ideal 0.8."""
-    return pd.DataFrame(
-        [
-            {
-                "series": series,
-                "replicas": replicas,
-                "concurrency": clients,
-                "total_blocks": 1200,
-                "router": router,
-                "delivered": delivered,
-                "ideal": 0.8,
-                "pooled_lru": 0.79,
-                "ideal_engine_order": 0.8,
-                "pooled_lru_engine_order": 0.6,
-                "running_mean": float(clients),
-            }
-            for series, replicas, clients, router, delivered in points
-        ]
-    )
-
-
 def test_the_loss_split_adds_up_and_names_the_best_and_worst_router():
     from analysis.sweeps.fleet import loss_split, routing_losses
 
-    table = fleet_rows(
-        [
-            ("one-engine", 1, 8, "least-loaded", 0.78),
-            ("one-engine", 1, 16, "least-loaded", 0.50),
-            ("routers", 1, 8, "affinity", 0.78),
-            ("routers", 1, 8, "round-robin", 0.78),
-            ("routers", 2, 16, "affinity", 0.55),
-            ("routers", 2, 16, "round-robin", 0.30),
-        ]
-    )
+    table = fleet_rows(ONE_ENGINE_AND_TWO_REPLICAS)
     split = loss_split(table, "routers").set_index("replicas")
     assert split.loc[1, "best_router"] == "any (one replica)"
     assert split.loc[1, "splitting_pts"] == pytest.approx(0.0)
