@@ -608,7 +608,7 @@ def _report_times(root: Path, relative: str, run: str) -> str:
 
 # -- what `make coverage` measured ------------------------------------------------------------
 
-COVERAGE = "data/external/ci/2026-11-29-e66d664/coverage.csv"
+COVERAGE = "data/external/ci/2026-11-29-d15b8e7/coverage.csv"
 
 
 def test_coverage(root: Path) -> str:
