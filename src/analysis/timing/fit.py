@@ -31,8 +31,9 @@ Least squares over the terms of `analysis.engines.clock.TERMS`, in one of these 
   entering request 52 ms (`new_request` + `prefill_request`) in place of a per-step cost the
   decode-batch terms leave to the steps that prefill, and over-charged the steps that prefill
   several short requests by 27-72 %; the set without those two terms predicted the left-out
-  workloads' time with a mean error of 6.9 % against 9.7 %. In bf16 the two sets tied (2.3 %,
-  2.4 %).
+  workloads' time with a mean error of 6.9 % against 9.7 % (`data/external/cpu/`). In bf16 the
+  two sets tied (2.3 %, 2.4 %); in a later float32 calibration on the same machine the full set
+  kept a fixed cost, scored 3.3 % against 3.4 %, and was kept.
 
 A negative coefficient has no physical meaning (work that saves time): the coefficients are
 the best non-negative ones, and the profile names the terms left at zero as dropped.
