@@ -527,7 +527,7 @@ def _seed_004(root: Path) -> list[str]:
 
 # -- how long a fresh `make test` took ----------------------------------------------------------
 
-TEST_TIMES = "data/external/ci/2026-11-29-d15b8e7/make-test.csv"
+TEST_TIMES = "data/external/ci/2026-11-29-89b9f14/make-test.csv"
 
 
 def _recorded_rows(root: Path, relative: str, what: str) -> list[dict[str, str]]:
@@ -608,7 +608,7 @@ def _report_times(root: Path, relative: str, run: str) -> str:
 
 # -- what `make coverage` measured ------------------------------------------------------------
 
-COVERAGE = "data/external/ci/2026-11-29-d15b8e7/coverage.csv"
+COVERAGE = "data/external/ci/2026-11-29-89b9f14/coverage.csv"
 
 
 def test_coverage(root: Path) -> str:
