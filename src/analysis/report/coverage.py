@@ -42,8 +42,12 @@ def write_csv(rows: list[dict[str, object]], path: Path) -> Path:
 def read_total(path: Path) -> dict[str, str]:
     """The total row of a coverage CSV written by `write_csv`."""
     with Path(path).open(newline="", encoding="utf-8") as handle:
-        rows = list(csv.DictReader(handle))
+        return total_row(list(csv.DictReader(handle)), path)
+
+
+def total_row(rows: list[dict[str, str]], source: Path | str) -> dict[str, str]:
+    """The total row among a coverage CSV's rows, or a one-line error naming `source`."""
     total = next((r for r in rows if r["file"] == TOTAL), None)
     if total is None:
-        raise ValueError(f"{path} has no row {TOTAL!r}: not a table `make coverage` wrote")
+        raise ValueError(f"{source} has no row {TOTAL!r}: not a table `make coverage` wrote")
     return total

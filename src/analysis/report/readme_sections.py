@@ -613,12 +613,10 @@ COVERAGE = "data/external/ci/2026-11-29-89b9f14/coverage.csv"
 
 def test_coverage(root: Path) -> str:
     """The line coverage of a recorded `make coverage` (its `reports/coverage.csv`, copied)."""
-    from analysis.report.coverage import read_total
+    from analysis.report.coverage import total_row
 
-    path = root / COVERAGE
-    if not path.is_file():
-        raise SourceError(f"{COVERAGE} is missing: copy reports/coverage.csv of `make coverage`")
-    total = read_total(path)
+    rows = _recorded_rows(root, COVERAGE, "reports/coverage.csv of `make coverage`")
+    total = total_row(rows, root / COVERAGE)
     commit = Path(COVERAGE).parent.name.rsplit("-", 1)[-1]
     return (
         f"`make coverage` at commit {commit} ran {float(total['percent_covered']):.2f} % of the "
