@@ -64,20 +64,6 @@ def design_matrix(steps: pd.DataFrame, terms: Sequence[str]) -> np.ndarray:
     return np.column_stack(columns) if columns else np.zeros((len(steps), 0))
 
 
-# How each way of fitting is named in a profile (`fit["method"]`).
-METHODS = {
-    "seconds": "least squares on seconds (a step's mean time), non-negative terms",
-    "relative": "least squares on relative error, non-negative terms",
-    "seconds-batch": (
-        "least squares on seconds (a step's mean time), non-negative terms, and each decode-only "
-        "batch size's mean residual"
-    ),
-    "seconds-batch-robust": (
-        "least squares on seconds (a step's mean time), non-negative terms, and each decode-only "
-        "batch size's mean residual, fitted again without the steps beyond 4 robust standard "
-        "deviations of the relative residuals"
-    ),
-}
 # The term sets a `-chosen` fit chooses between, by how well each predicts a left-out workload.
 TERM_SETS = {
     "every term": tuple(TERMS),
@@ -85,10 +71,25 @@ TERM_SETS = {
         t for t in TERMS if t not in ("new_request", "prefill_request")
     ),
 }
-METHODS["seconds-batch-robust-chosen"] = (
-    f"{METHODS['seconds-batch-robust']}, on the term set ({', '.join(TERM_SETS)}) whose profile "
-    "fitted without one calibration workload best predicts that workload's summed time"
+# How each way of fitting is named in a profile (`fit["method"]`).
+_ROBUST = (
+    "least squares on seconds (a step's mean time), non-negative terms, and each decode-only "
+    "batch size's mean residual, fitted again without the steps beyond 4 robust standard "
+    "deviations of the relative residuals"
 )
+METHODS = {
+    "seconds": "least squares on seconds (a step's mean time), non-negative terms",
+    "relative": "least squares on relative error, non-negative terms",
+    "seconds-batch": (
+        "least squares on seconds (a step's mean time), non-negative terms, and each decode-only "
+        "batch size's mean residual"
+    ),
+    "seconds-batch-robust": _ROBUST,
+    "seconds-batch-robust-chosen": (
+        f"{_ROBUST}, on the term set ({', '.join(TERM_SETS)}) whose profile fitted without one "
+        "calibration workload best predicts that workload's summed time"
+    ),
+}
 CHOSEN = "-chosen"
 # A robust fit leaves out a step whose relative residual lies beyond this many robust standard
 # deviations (1.4826 x the median absolute deviation) from the median, and fits again, at most
