@@ -42,11 +42,23 @@ def root(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def start_report(root: Path) -> subprocess.Popen:
-    """`report 99 --no-html` in its own process group (a terminal's Ctrl-C reaches the group)."""
+# `report 99 --no-html` with papermill's kernel shutdown stuck (it never returns) and the grace
+# after a Ctrl-C cut to 2 s.
+STUCK_SHUTDOWN = """import sys, time
+import nbclient.client
+from analysis.report import notebooks
+notebooks.INTERRUPT_GRACE_S = 2.0
+nbclient.client.NotebookClient._cleanup_kernel = lambda self: time.sleep(3600)
+from analysis.cli import main
+sys.exit(main(["report", "99", "--no-html"]))"""
+
+
+def start_report(root: Path, *command: str) -> subprocess.Popen:
+    """`report 99 --no-html` (or `command`, Python's arguments) in its own process group (a
+    terminal's Ctrl-C reaches the group)."""
     env = dict(os.environ, PREFIX_CACHE_LAB_ROOT=str(root))
     return subprocess.Popen(
-        [sys.executable, "-m", "analysis", "report", "99", "--no-html"],
+        [sys.executable, *(command or ("-m", "analysis", "report", "99", "--no-html"))],
         cwd=root,
         env=env,
         stdout=subprocess.PIPE,
@@ -95,6 +107,25 @@ def test_ctrl_c_leaves_the_committed_notebook_as_it_was(root):
     wait_gone(kernel)
     assert report.returncode == 130, err
     assert "Traceback" not in err and err.strip().endswith("interrupted: nothing partial was kept")
+    untouched(root, committed)
+
+
+def test_ctrl_c_ends_the_run_even_when_the_kernel_shutdown_hangs(root):
+    """A Ctrl-C under load once left `report` waiting over a minute in papermill's kernel
+    shutdown: after the grace the kernel is killed and the run ends as a Ctrl-C does."""
+    committed = (root / "notebooks" / NAME).read_bytes()
+    report = start_report(root, "-c", STUCK_SHUTDOWN)
+    kernel = kernel_pid(root, report)
+    started = time.monotonic()
+    os.killpg(report.pid, signal.SIGINT)
+    _, err = report.communicate(timeout=60)
+    assert report.returncode == 130, err
+    assert time.monotonic() - started < 30
+    assert "Traceback" not in err, err
+    assert err.strip().endswith("did not stop within 2 s and was killed; nothing partial was kept")
+    wait_gone(kernel)
+    with pytest.raises(ProcessLookupError):
+        os.kill(kernel, 0)
     untouched(root, committed)
 
 
@@ -148,3 +179,18 @@ def test_a_failing_cell_is_one_line_and_its_executed_copy_is_kept_aside(root, mo
     assert str(error.value).startswith(f"{NAME}: ValueError: a cut file (cell 1); the executed")
     untouched(root, committed)
     assert "ValueError" in (root / "reports" / "failed" / NAME).read_text()
+
+
+def test_a_ctrl_c_that_leaves_the_run_in_time_stops_the_clock(tmp_path):
+    """In a Jupyter kernel the same Ctrl-C is the interrupt button: the KeyboardInterrupt leaves
+    `execute` at once, and the clock must not end the kernel after the grace."""
+    from analysis.report.notebooks import interrupt_within
+
+    before = signal.getsignal(signal.SIGINT)
+    partial = tmp_path / "partial.ipynb"
+    partial.touch()
+    with pytest.raises(KeyboardInterrupt), interrupt_within(0.2, partial):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)  # the interrupt lands here
+    time.sleep(0.5)  # past the grace: this process is still here
+    assert partial.exists() and signal.getsignal(signal.SIGINT) is before

@@ -14,9 +14,12 @@ import html
 import logging
 import os
 import shutil
+import signal
+import sys
+import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,6 +35,10 @@ if TYPE_CHECKING:
 NOTEBOOKS_DIR = "notebooks"
 # The per-configuration notebook: executed by the sweep, once per grid point.
 RUN_CONFIG_NOTEBOOK = "03-run-config.ipynb"
+# After a Ctrl-C, papermill shuts the kernel down and closes its channels before the run ends;
+# under a loaded machine that once did not end for over a minute. It gets this long: then the
+# kernel is killed and the run ends as a Ctrl-C ends it.
+INTERRUPT_GRACE_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -66,7 +73,7 @@ def execute(
     output.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     logging.getLogger("papermill").addFilter(not_said_again)  # once: the same function
-    with partial_copy(output) as partial:
+    with partial_copy(output) as partial, interrupt_within(INTERRUPT_GRACE_S, partial):
         try:
             papermill.execute_notebook(
                 str(notebook),
@@ -100,6 +107,63 @@ def partial_copy(output: Path) -> Iterator[Path]:
         os.replace(partial, output)
     finally:
         partial.unlink(missing_ok=True)
+
+
+@contextmanager
+def interrupt_within(grace_s: float, partial: Path) -> Iterator[None]:
+    """A Ctrl-C in the block raises KeyboardInterrupt, as always, and also starts a clock: if
+    the run is still in the block `grace_s` later (papermill's kernel shutdown stuck), its child
+    processes (the kernel) are killed, `partial` is removed, and the process exits 130 with the
+    line a Ctrl-C prints. Only in the main thread, and not where SIGINT is ignored (a sweep
+    worker leaves Ctrl-C to its sweep)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is signal.SIG_IGN:
+        yield
+        return
+    left = threading.Event()
+
+    def on_interrupt(signum: int, frame: object) -> None:
+        clock = threading.Thread(
+            target=end_after, args=(grace_s, left, partial), name="interrupt-grace", daemon=True
+        )
+        clock.start()
+        signal.signal(signal.SIGINT, previous)  # a second Ctrl-C is an ordinary one
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield
+    finally:
+        left.set()
+        if signal.getsignal(signal.SIGINT) is on_interrupt:
+            signal.signal(signal.SIGINT, previous)
+
+
+def end_after(grace_s: float, left: threading.Event, partial: Path) -> None:
+    """The clock `interrupt_within` starts: unless the run `left` the block within `grace_s`,
+    end the process whatever it is doing."""
+    import psutil
+
+    if left.wait(grace_s):
+        return
+    # Direct children only (the kernel): what a kernel started ends with it by its own tie (a
+    # server's guard, a worker's death signal), which killing it here first would cut.
+    children = psutil.Process().children()
+    for child in children:
+        with suppress(psutil.NoSuchProcess):
+            child.kill()
+    psutil.wait_procs(children, timeout=5)
+    partial.unlink(missing_ok=True)
+    print(
+        f"interrupted: the kernel did not stop within {grace_s:g} s and was killed; "
+        "nothing partial was kept",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(130)
 
 
 def remove_dead_partials(output: Path) -> None:
