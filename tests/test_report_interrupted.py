@@ -194,3 +194,11 @@ def test_a_ctrl_c_that_leaves_the_run_in_time_stops_the_clock(tmp_path):
         time.sleep(5)  # the interrupt lands here
     time.sleep(0.5)  # past the grace: this process is still here
     assert partial.exists() and signal.getsignal(signal.SIGINT) is before
+
+
+def test_the_readme_states_the_grace_the_code_gives():
+    from analysis.platform.paths import repo_root
+    from analysis.report.notebooks import INTERRUPT_GRACE_S
+
+    readme = " ".join((repo_root() / "README.md").read_text().split())
+    assert f"the kernel gets {INTERRUPT_GRACE_S:g} s to shut down" in readme
