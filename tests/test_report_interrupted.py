@@ -129,6 +129,39 @@ def test_ctrl_c_ends_the_run_even_when_the_kernel_shutdown_hangs(root):
     untouched(root, committed)
 
 
+def test_ctrl_c_during_notebooks_side_by_side_stops_them_all(root):
+    """`make report` runs most notebooks a few at a time, each from a thread: a Ctrl-C reached
+    only the thread waiting for them, and the run went on until every running notebook had
+    ended (here: never), its kernels orphaned once the run was killed."""
+    notebooks = root / "notebooks"
+    second = "98-wait.ipynb"
+    waiting = nbformat.read(notebooks / NAME, as_version=4)
+    waiting.cells[0].source = WAIT.replace('"kernel.pid"', '"kernel-98.pid"')
+    nbformat.write(waiting, notebooks / second)
+    committed = {name: (notebooks / name).read_bytes() for name in (NAME, second)}
+    report = start_report(root, "-m", "analysis", "report", "98", "99", "--no-html")
+    kernels = [kernel_pid(root, report)]
+    marker = notebooks / "kernel-98.pid"
+    deadline = time.monotonic() + 120
+    while not marker.is_file() or not marker.read_text():
+        assert report.poll() is None and time.monotonic() < deadline, report.communicate()
+        time.sleep(0.05)
+    kernels.append(int(marker.read_text()))
+    os.killpg(report.pid, signal.SIGINT)
+    out, err = report.communicate(timeout=60)
+    assert "2 at a time" in out  # they did run side by side
+    assert report.returncode == 130, err
+    assert "Traceback" not in err and err.strip().endswith("interrupted: nothing partial was kept")
+    for kernel in kernels:
+        wait_gone(kernel)
+        with pytest.raises(ProcessLookupError):
+            os.kill(kernel, 0)
+    for name, content in committed.items():
+        assert (notebooks / name).read_bytes() == content
+    assert not list(notebooks.glob(".*.ipynb"))
+    assert not (root / "reports" / "failed").exists()  # a stop, not a failure
+
+
 def test_a_sigkilled_report_leaves_the_committed_notebook_and_the_next_run_cleans_up(root):
     """Row 15.2: SIGKILL left the notebook half-executed, without outputs."""
     committed = (root / "notebooks" / NAME).read_bytes()

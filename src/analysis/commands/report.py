@@ -124,24 +124,48 @@ def main(args: argparse.Namespace) -> int:
 def execute_side_by_side(run: schedule.Run, servers_starting: bool = False) -> None:
     """Execute a run's notebooks a few at a time (`schedule`), each from its own thread (a
     kernel of its own does the work). The run's wall time is its stage; each notebook's own
-    time is recorded inside it, so that the total counts the run once."""
-    from concurrent.futures import ThreadPoolExecutor
+    time is recorded inside it, so that the total counts the run once. A Ctrl-C stops every
+    notebook of the run, not only the thread that waits for them."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor, wait
 
     from analysis.report import schedule, timings
-    from analysis.report.notebooks import execute
+    from analysis.report.notebooks import (
+        INTERRUPT_GRACE_S,
+        end_interrupted,
+        execute,
+        stop_kernels,
+    )
 
     workers = schedule.side_by_side_workers()
     names = ", ".join(p.name for p in run.notebooks)
     print(f"executing {names}, {workers} at a time ...", flush=True)
     started = time.perf_counter()
+    stopped = threading.Event()
 
     def one(notebook):
-        done = execute(notebook, progress=False)
+        done = execute(notebook, progress=False, stopped=stopped)
         say_done(notebook, done.seconds, servers_starting)
         return notebook, done.seconds
 
-    with ThreadPoolExecutor(workers) as pool:
-        finished = list(pool.map(one, run.notebooks))
+    pool = ThreadPoolExecutor(workers)
+    runs = [pool.submit(one, notebook) for notebook in run.notebooks]
+    try:
+        finished = [future.result() for future in runs]
+    except KeyboardInterrupt:
+        # The Ctrl-C lands in this thread only (the kernels have sessions of their own): the
+        # notebooks not started are dropped, the kernels running are killed until every
+        # thread has ended (one may be starting its kernel just now).
+        stopped.set()
+        pool.shutdown(wait=False, cancel_futures=True)
+        deadline = time.monotonic() + INTERRUPT_GRACE_S
+        stop_kernels()
+        while wait(runs, timeout=1.0).not_done:
+            if time.monotonic() > deadline:
+                end_interrupted(INTERRUPT_GRACE_S)
+            stop_kernels()
+        raise
+    pool.shutdown()
     stage = f"{run.name}, {workers} at a time"
     timings.record(stage, time.perf_counter() - started)
     for notebook, seconds in finished:

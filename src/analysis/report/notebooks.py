@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from analysis.platform.errors import NotebookError, ResultError
 from analysis.platform.manifest import process_alive
@@ -62,10 +62,14 @@ def execute(
     output: Path | None = None,
     parameters: dict | None = None,
     progress: bool = True,
+    stopped: threading.Event | None = None,
 ) -> Executed:
     """Run one notebook with papermill into `output` (default: in place), from its folder;
     `output` changes only when every cell ran. A cell's error or a dead kernel is a
-    NotebookError (one line); the executed copy up to there is kept under reports/failed/."""
+    NotebookError (one line); the executed copy up to there is kept under reports/failed/.
+
+    `stopped`: set by whoever stops the run from another thread (`stop_kernels`); the kernel's
+    death that follows is then that stop, a KeyboardInterrupt, and nothing is kept."""
     import papermill
 
     notebook = Path(notebook)
@@ -86,6 +90,8 @@ def execute(
             )
             record_paths(partial, notebook, output)
         except Exception as exc:
+            if stopped is not None and stopped.is_set():
+                raise KeyboardInterrupt from None
             reason = stop_reason(exc)
             if reason is None:
                 raise
@@ -145,18 +151,15 @@ def interrupt_within(grace_s: float, partial: Path) -> Iterator[None]:
 def end_after(grace_s: float, left: threading.Event, partial: Path) -> None:
     """The clock `interrupt_within` starts: unless the run `left` the block within `grace_s`,
     end the process whatever it is doing."""
-    import psutil
-
     if left.wait(grace_s):
         return
-    # Direct children only (the kernel): what a kernel started ends with it by its own tie (a
-    # server's guard, a worker's death signal), which killing it here first would cut.
-    children = psutil.Process().children()
-    for child in children:
-        with suppress(psutil.NoSuchProcess):
-            child.kill()
-    psutil.wait_procs(children, timeout=5)
+    stop_kernels()
     partial.unlink(missing_ok=True)
+    end_interrupted(grace_s)
+
+
+def end_interrupted(grace_s: float) -> NoReturn:
+    """End this process now, as a Ctrl-C ends it, after its kernels did not stop in time."""
     print(
         f"interrupted: the kernel did not stop within {grace_s:g} s and was killed; "
         "nothing partial was kept",
@@ -164,6 +167,24 @@ def end_after(grace_s: float, left: threading.Event, partial: Path) -> None:
         flush=True,
     )
     os._exit(130)
+
+
+def stop_kernels() -> None:
+    """Kill the kernels this process started (its children running ipykernel), and wait until
+    they are gone: an `execute` running one, in any thread, then ends. Only the kernels: what a
+    kernel started ends with it by its own tie (a server's guard, a worker's death signal), and
+    the servers this process keeps have guards of their own, which killing them here would cut."""
+    import psutil
+
+    kernels = []
+    for child in psutil.Process().children():
+        with suppress(psutil.Error):
+            if any("ipykernel" in part for part in child.cmdline()):
+                kernels.append(child)
+    for kernel in kernels:
+        with suppress(psutil.NoSuchProcess):
+            kernel.kill()
+    psutil.wait_procs(kernels, timeout=5)
 
 
 def remove_dead_partials(output: Path) -> None:
