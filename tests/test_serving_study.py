@@ -114,3 +114,25 @@ def test_the_check_at_many_clients_runs_only_where_the_parameter_set_asks():
     # the same server flags as the notebook's other sections: the same pair serves it
     closed = study.params("cpu").bench(workload="sharegpt")
     assert config.server_config("m", "cache") == closed.server_config("m", "cache")
+
+
+def test_the_study_pool_has_as_many_blocks_in_float32_as_in_bf16(monkeypatch, tmp_path):
+    """An AVX2 CPU runs the study's model in float32: with the pool's bytes fixed it had half
+    the blocks, and notebook 10's replayed one-client hit rate came out 0.4774 against 0.477,
+    a difference nbval reports. The bytes follow the KV dtype; the blocks do not. (The small
+    local model, built in both dtypes under a root of its own.)"""
+    from analysis.serving import replayable
+
+    monkeypatch.setenv("PREFIX_CACHE_LAB_ROOT", str(tmp_path))
+    blocks, pool_bytes = {}, {}
+    for dtype in ("bfloat16", "float32"):
+        monkeypatch.setenv("PREFIX_CACHE_LAB_DTYPE", dtype)
+        p = study.params("cpu", model="tiny-llama")
+        pool_bytes[dtype] = p.bench().kv_cache_memory_bytes
+        blocks[dtype] = replayable.engine_settings(p.bench())["num_blocks"]
+        assert study.engine_config(p).kv_cache_memory_bytes == pool_bytes[dtype]  # notebook 11
+    fixed = p.kv_cache_memory_bytes
+    assert pool_bytes == {"bfloat16": fixed, "float32": 2 * fixed}
+    assert blocks["bfloat16"] == blocks["float32"] > 0
+    # what the pool's bytes alone gave a float32 model before
+    assert study.kv_pool_blocks("tiny-llama", p.block_size, fixed) == blocks["float32"] // 2

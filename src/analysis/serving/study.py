@@ -62,6 +62,8 @@ class StudyParams:
     sweep_fractions: tuple[float, ...] = (0.0, 0.5, 1.0)
     block_size: int = 32
     max_model_len: int = 2048
+    # the KV pool for a 2-byte (bf16) KV cache: `kv_pool_bytes` gives a float32 model twice
+    # as many bytes, the same blocks (None: vLLM sizes the pool from free GPU memory)
     kv_cache_memory_bytes: int | None = 512 * MIB
     gpu_memory_utilization: float | None = None
     enforce_eager: bool = True
@@ -83,11 +85,25 @@ class StudyParams:
             max_turns=self.max_turns,
             block_size=self.block_size,
             max_model_len=self.max_model_len,
-            kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+            kv_cache_memory_bytes=self.kv_pool_bytes(),
             gpu_memory_utilization=self.gpu_memory_utilization,
             enforce_eager=self.enforce_eager,
         )
         return dataclasses.replace(base, **changes)
+
+    def kv_pool_bytes(self) -> int | None:
+        """The KV pool's bytes for the model's KV dtype: `kv_cache_memory_bytes` holds a bf16
+        cache, and a model run in float32 (a CPU without bf16) gets twice the bytes. The pool
+        then has as many blocks on either kind of CPU, so that what the study counts (hits,
+        evictions, the replayed curves) does not depend on which kind ran it: in 512 MiB a
+        float32 pool held half the blocks, and notebook 10's replayed hit rates differed."""
+        if self.kv_cache_memory_bytes is None:
+            return None
+        from analysis.models import resolve_model
+        from analysis.models.resolved import DTYPE_BYTES
+
+        kv_dtype = resolve_model(self.model, default=DEFAULT_CPU_MODEL).kv_dtype
+        return self.kv_cache_memory_bytes * DTYPE_BYTES.get(kv_dtype, 2) // 2
 
 
 SEED_FRACTIONS = tuple(i / 10 for i in range(11))  # seed 004: 0-100 % shared in 10 % steps
@@ -253,7 +269,7 @@ def pool_blocks(pair: serving.ServerPair, study: StudyParams) -> int | None:
     memory, so this starts the server)."""
     model = serving.resolve_model(study.model)
     if study.kv_cache_memory_bytes:
-        blocks = kv_pool_blocks(model, study.block_size, study.kv_cache_memory_bytes)
+        blocks = kv_pool_blocks(model, study.block_size, study.kv_pool_bytes())
         if blocks:
             return blocks
     return pair.get(study.bench(), model, ("cache",))["cache"].kv_capacity_blocks()
@@ -540,7 +556,7 @@ def engine_config(study: StudyParams, **overrides: Any) -> serving.PrefixSweepCo
         "long_prompts": 2,
         "long_output_lens": (2, 16, 128),
         "long_rounds": 2,
-        "kv_cache_memory_bytes": study.kv_cache_memory_bytes,
+        "kv_cache_memory_bytes": study.kv_pool_bytes(),
         "gpu_memory_utilization": study.gpu_memory_utilization,
         "enforce_eager": study.enforce_eager,
     }
