@@ -1047,3 +1047,28 @@ def test_the_calibrate_command_hands_the_server_limits_on_and_writes_the_folder(
     asked.clear()
     assert cli.main(["calibrate", "--repeats", "0", "--out", str(out)]) == 2
     assert asked == {} and "--repeats must be 1 or more" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("machine_dtype", ["bfloat16", "float32"])
+def test_offloading_on_the_gpu_clock_moves_the_gpus_blocks_whatever_this_cpu_computes_in(
+    monkeypatch, machine_dtype
+):
+    """On an AVX2 CPU (float32 models) notebook 16's loads took twice the link time: a block's
+    bytes came from this machine's dtype, not from the bf16 of the H100 the clock measured."""
+    import json
+
+    from analysis.engines.synthetic import synthetic_trace
+    from analysis.timing import offload, routers
+
+    monkeypatch.setenv("PREFIX_CACHE_LAB_DTYPE", machine_dtype)
+    profile = routers.seconds_profile()
+    clock_dtype = json.loads(profile.read_text())["identity"]["dtype"]
+    trace = synthetic_trace(num_conversations=10, turns=3, user_tokens=(50, 150), seed=5)
+    table = offload.offload_on_clock(
+        profile, trace, gpu_blocks=64, clients=4, multiples=[0, 4], max_model_len=2048
+    )
+    layers, heads, size = 16, 8, 64  # Llama-3.2-1B, the clock's model
+    per_block = 2 * layers * heads * size * 16 * {"bfloat16": 2, "float32": 4}[clock_dtype]
+    assert table.attrs["block_bytes"] == per_block  # page-aligned already
+    assert table["loaded_blocks"].iloc[1] > 0
+    offload.checks(table).assert_all()

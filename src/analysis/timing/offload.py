@@ -45,9 +45,13 @@ def offload_on_clock(
     from analysis.engines.workload import build_workload
     from analysis.timing.calibration import BASE
 
+    costs = load_profile(profile)
     config = BASE["cuda"].with_(
         engine="replay",
         device="cpu",  # replay needs no GPU: the clock is the GPU's
+        # the KV dtype the clock's engine ran (a block's bytes on the host link), not this
+        # machine's choice: a CPU without bf16 would have doubled every load and store
+        dtype=costs.identity.get("dtype"),
         clock=str(profile),
         mode="closed-loop",
         concurrency=clients,
@@ -58,7 +62,6 @@ def offload_on_clock(
     )
     model = config_model(config)
     workload = build_workload(trace, config)
-    costs = load_profile(profile)
     rows = []
     for multiple in sorted({int(m) for m in multiples}):
         result = run_offload(
