@@ -53,6 +53,7 @@ SECTIONS: dict[str, Callable[[Path], str]] = {
     "study-table": sections.study_table,
     "study-findings": sections.study_findings,
     "test-times": sections.test_times,
+    "test-times-avx2": sections.test_times_avx2,
     "coverage": sections.test_coverage,
     "report-times": sections.report_times,
     "report-times-avx2": sections.report_times_avx2,

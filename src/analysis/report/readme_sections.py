@@ -528,6 +528,9 @@ def _seed_004(root: Path) -> list[str]:
 # -- how long a fresh `make test` took ----------------------------------------------------------
 
 TEST_TIMES = "data/external/ci/2026-11-29-89b9f14/make-test.csv"
+# The same kind of run with torch and oneDNN told to dispatch as on an AVX2-only CPU
+# (`ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`), so that the models ran in float32.
+TEST_TIMES_AVX2 = "data/external/ci/2026-11-29-16656e3-avx2/make-test.csv"
 
 
 def _recorded_rows(root: Path, relative: str, what: str) -> list[dict[str, str]]:
@@ -628,12 +631,25 @@ def test_coverage(root: Path) -> str:
 def test_times(root: Path) -> str:
     """A recorded fresh `bash .ci/run`: its phases and slowest notebooks, from the CSV that
     `python -m analysis durations` wrote at its end (copied here from `reports/`)."""
+    return _test_times(root, TEST_TIMES, "A fresh `bash .ci/run` (a clone with no `.venv`)")
+
+
+def test_times_avx2(root: Path) -> str:
+    """`test_times` for the run told to dispatch as an AVX2-only CPU."""
+    return _test_times(
+        root,
+        TEST_TIMES_AVX2,
+        "The same, told to dispatch as an AVX2-only CPU (the local models in float32)",
+    )
+
+
+def _test_times(root: Path, relative: str, run: str) -> str:
     from analysis.report.timings import format_seconds
 
-    rows = _recorded_rows(root, TEST_TIMES, "reports/test-times.csv")
+    rows = _recorded_rows(root, relative, "reports/test-times.csv")
     seconds = {(r["section"], r["name"]): float(r["seconds"]) for r in rows}
     if ("total", "make test") not in seconds:
-        raise SourceError(f"{TEST_TIMES} has no total: it was not a run of .ci/run")
+        raise SourceError(f"{relative} has no total: it was not a run of .ci/run")
     phases = [
         f"{name} {format_seconds(seconds[('phase', name)])}"
         for name in ("set-up and ruff", "pytest", "nbval")
@@ -645,9 +661,8 @@ def test_times(root: Path) -> str:
     )
     first = rows[0]
     return (
-        f"A fresh `bash .ci/run` (a clone with no `.venv`), recorded {first['recorded'][:10]} on "
-        f"{first['machine']} with {first['cores']} cores, took "
-        f"{format_seconds(seconds[('total', 'make test')])}: {', '.join(phases)}. Its slowest "
-        f"notebooks under nbval: {slowest} (`{TEST_TIMES}`, the table `make test` prints at "
-        "its end).\n"
+        f"{run}, recorded {first['recorded'][:10]} on {first['machine']} with {first['cores']} "
+        f"cores, took {format_seconds(seconds[('total', 'make test')])}: {', '.join(phases)}. "
+        f"Its slowest notebooks under nbval: {slowest} (`{relative}`, the table `make test` "
+        "prints at its end).\n"
     )
