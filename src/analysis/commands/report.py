@@ -165,7 +165,8 @@ def execute_side_by_side(run: schedule.Run, servers_starting: bool = False) -> N
                 end_interrupted(INTERRUPT_GRACE_S)
             stop_kernels()
         raise
-    pool.shutdown()
+    finally:
+        pool.shutdown()  # after a notebook's error the others still finish, as they did
     stage = f"{run.name}, {workers} at a time"
     timings.record(stage, time.perf_counter() - started)
     for notebook, seconds in finished:

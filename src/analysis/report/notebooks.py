@@ -118,9 +118,9 @@ def partial_copy(output: Path) -> Iterator[Path]:
 @contextmanager
 def interrupt_within(grace_s: float, partial: Path) -> Iterator[None]:
     """A Ctrl-C in the block raises KeyboardInterrupt, as always, and also starts a clock: if
-    the run is still in the block `grace_s` later (papermill's kernel shutdown stuck), its child
-    processes (the kernel) are killed, `partial` is removed, and the process exits 130 with the
-    line a Ctrl-C prints. Only in the main thread, and not where SIGINT is ignored (a sweep
+    the run is still in the block `grace_s` later (papermill's kernel shutdown stuck), its
+    kernels are killed (`stop_kernels`), `partial` is removed, and the process exits 130 with
+    the line a Ctrl-C prints. Only in the main thread, and not where SIGINT is ignored (a sweep
     worker leaves Ctrl-C to its sweep)."""
     if threading.current_thread() is not threading.main_thread():
         yield
