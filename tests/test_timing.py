@@ -1062,13 +1062,14 @@ def test_offloading_on_the_gpu_clock_moves_the_gpus_blocks_whatever_this_cpu_com
 
     monkeypatch.setenv("PREFIX_CACHE_LAB_DTYPE", machine_dtype)
     profile = routers.seconds_profile()
-    clock_dtype = json.loads(profile.read_text())["identity"]["dtype"]
+    identity = json.loads(profile.read_text())["identity"]
     trace = synthetic_trace(num_conversations=10, turns=3, user_tokens=(50, 150), seed=5)
     table = offload.offload_on_clock(
         profile, trace, gpu_blocks=64, clients=4, multiples=[0, 4], max_model_len=2048
     )
-    layers, heads, size = 16, 8, 64  # Llama-3.2-1B, the clock's model
-    per_block = 2 * layers * heads * size * 16 * {"bfloat16": 2, "float32": 4}[clock_dtype]
+    shape = identity["model"]  # the clock's model, in the dtype its engine ran
+    per_token = 2 * shape["num_layers"] * shape["num_kv_heads"] * shape["head_size"]
+    per_block = per_token * 16 * {"bfloat16": 2, "float32": 4}[identity["dtype"]]
     assert table.attrs["block_bytes"] == per_block  # page-aligned already
     assert table["loaded_blocks"].iloc[1] > 0
     offload.checks(table).assert_all()

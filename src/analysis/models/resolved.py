@@ -53,12 +53,16 @@ class ResolvedModel:
             return self.dtype
         return self.folder_dtype or "bfloat16"
 
+    @property
+    def kv_value_bytes(self) -> int:
+        """Bytes of one value in the KV cache."""
+        return DTYPE_BYTES.get(self.kv_dtype, 2)
+
     def kv_bytes_per_token(self) -> int | None:
         """Bytes of K and V for one token over all layers (None if the shape is unknown)."""
         if not self.shape_known:
             return None
-        per_value = DTYPE_BYTES.get(self.kv_dtype, 2)
-        return 2 * self.num_layers * self.num_kv_heads * self.head_size * per_value
+        return 2 * self.num_layers * self.num_kv_heads * self.head_size * self.kv_value_bytes
 
     def kv_bytes_per_block(self, block_size: int) -> int | None:
         per_token = self.kv_bytes_per_token()

@@ -100,10 +100,9 @@ class StudyParams:
         if self.kv_cache_memory_bytes is None:
             return None
         from analysis.models import resolve_model
-        from analysis.models.resolved import DTYPE_BYTES
 
-        kv_dtype = resolve_model(self.model, default=DEFAULT_CPU_MODEL).kv_dtype
-        return self.kv_cache_memory_bytes * DTYPE_BYTES.get(kv_dtype, 2) // 2
+        model = resolve_model(self.model, default=DEFAULT_CPU_MODEL)
+        return self.kv_cache_memory_bytes * model.kv_value_bytes // 2
 
 
 SEED_FRACTIONS = tuple(i / 10 for i in range(11))  # seed 004: 0-100 % shared in 10 % steps
