@@ -109,3 +109,22 @@ def test_timing_runs_the_8b_shape_with_random_weights(tmp_path, monkeypatch):
     assert seen["bench"]["prefixes"] == (0, 512, 1024, 2048)
     assert seen["bench"]["concurrency"] == (1, 8, 32)
     assert seen["sweep"]["num_prompts"] == 256 and seen["sweep"]["input_len"] == 1000
+
+
+@pytest.mark.parametrize(
+    ("cuda", "profile", "device"), [(False, "cpu", "cpu"), (True, "gpu", "cuda")]
+)
+def test_served_runs_the_study_set_of_the_machine(tmp_path, monkeypatch, cuda, profile, device):
+    """`gpu-check --served` takes the `gpu` study set and calibrates on CUDA where a GPU is
+    visible, else the `cpu` set on the CPU, with the grid given on the command line (the
+    comparison itself is notebook 08's, run end to end there)."""
+    from analysis.commands import gpu_check as command
+
+    seen = {}
+    monkeypatch.setattr(gpu_check, "cuda_visible", lambda: cuda)
+    monkeypatch.setattr(command, "served_check", lambda *args: seen.update(args=args) or 0)
+    argv = ["gpu-check", "--served", "--results-dir", str(tmp_path), "--prefixes", "0", "2048"]
+    assert cli.main([*argv, "--clients", "1", "8", "--repeats", "2"]) == 0
+    root, chosen, chosen_device, overrides = seen["args"]
+    assert (root, chosen, chosen_device) == (tmp_path / "served", profile, device)
+    assert overrides == dict(prefixes=[0, 2048], concurrency=[1, 8], repeats=2, budget_s=None)

@@ -829,3 +829,16 @@ def test_group_members_sees_only_live_processes():
     finally:
         child.kill()
         child.wait()
+
+
+def test_on_a_gpu_the_served_clock_counts_torchs_threads(monkeypatch):
+    """vLLM binds a worker to CPU cores only on its CPU platform; on a GPU the model computes
+    there, and the calibration's thread count is torch's own (the CPU's binding rule is not
+    asked: on a GPU build it has nothing to bind)."""
+    import torch
+    from vllm.platforms import current_platform
+
+    from analysis.serving import replayable
+
+    monkeypatch.setattr(type(current_platform), "is_cpu", lambda self: False)
+    assert replayable.server_torch_threads() == torch.get_num_threads()

@@ -57,6 +57,7 @@ SECTIONS: dict[str, Callable[[Path], str]] = {
     "coverage": sections.test_coverage,
     "report-times": sections.report_times,
     "report-times-avx2": sections.report_times_avx2,
+    "gpu-served": sections.gpu_served,
 }
 
 

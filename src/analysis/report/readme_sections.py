@@ -666,3 +666,70 @@ def _test_times(root: Path, relative: str, run: str) -> str:
         f"Its slowest notebooks under nbval: {slowest} (`{relative}`, the table `make test` "
         "prints at its end).\n"
     )
+
+
+# -- what `gpu-check --served` measured on a GPU -------------------------------------------
+
+GPU_SERVED = "data/external/h200/2026-11-29/served"
+SERVED_STATISTICS = {
+    "p50_ttft": "p50 TTFT",
+    "p90_ttft": "p90 TTFT",
+    "mean_tpot": "mean TPOT",
+    "throughput_req": "throughput",
+}
+
+
+def gpu_served(root: Path) -> str:
+    """A recorded `gpu-check --served` on a GPU: replay's counts against the server's, and its
+    held-out time errors, from the tables the command wrote (copied under data/external/)."""
+    import json
+
+    import pandas as pd
+
+    folder = root / GPU_SERVED
+    if not (folder / "errors.csv").is_file():
+        raise SourceError(f"{GPU_SERVED}/errors.csv is missing: copy a `gpu-check --served` run")
+    manifest = json.loads((folder / "manifest.json").read_text())
+    errors = pd.read_csv(folder / "errors.csv")
+    checks = pd.read_csv(folder / "checks.csv")
+    cells = pd.read_csv(folder / "cells.csv")
+    held = errors[errors["family"] == "held out"]
+    met = held["met_by"] != "missed"
+    counted = checks[checks["claim"].str.startswith("requests whose replayed cached tokens")]
+    exact = (
+        "equal the server's for every measured request"
+        if bool(counted["holds"].all())
+        else f"differ from the server's for {counted['measured'].iloc[0]} requests"
+    )
+    medians = held.assign(size=held["error"].abs()).groupby("statistic")["size"].median()
+    worst = held.loc[held["error"].abs().idxmax()]
+    breakdown = pd.read_csv(folder / "ttft_breakdown.csv").set_index(
+        ["mode", "prefix_regime", "concurrency"]
+    )
+    frontend = breakdown.loc[
+        (worst["mode"], worst["prefix_regime"], worst["concurrency"]), "frontend_s"
+    ]
+    terms = pd.read_csv(folder / "terms.csv").set_index("term")["value"]
+    requests = int(cells["n_ok"].sum())
+    settings = manifest["engine_settings"]
+    machine = manifest["machine"]
+    statistics = ", ".join(
+        f"{SERVED_STATISTICS[name]} {medians[name]:.0%}" for name in SERVED_STATISTICS
+    )
+    return (
+        f"On an {machine.get('gpu')} (driver {machine.get('driver')}, vLLM "
+        f"{machine.get('vllm')}), `gpu-check --served` ran the `{manifest['profile']}` study "
+        f"set on the {settings['model']} shape (random weights), shared prefixes "
+        f"{_numbers(sorted(set(cells['prefix_regime'])))} tokens, "
+        f"{_numbers(sorted(set(cells['concurrency'])))} clients, "
+        f"{int(cells['repeats'].min())} repeats per cell, {requests:,} measured requests. "
+        f"Replay's cached tokens {exact}. "
+        f"Time, on the clock measured on the engine as the servers ran it: "
+        f"{int(met.sum())} of {len(held)} held-out errors within the goal or the server's own "
+        f"spread; median absolute error per statistic {statistics}; the largest, "
+        f"{SERVED_STATISTICS[worst['statistic']]} with {_clients(int(worst['concurrency']))}, "
+        f"prefix {worst['prefix_regime']}, caching {'on' if worst['mode'] == 'cache' else 'off'}: "
+        f"{worst['error']:+.0%}, where the server's front end (HTTP, hand-over, first chunk) "
+        f"took {frontend * 1e3:.0f} ms per request against the {terms['frontend_s'] * 1e3:.0f} "
+        f"ms replay adds, measured at one client (`{GPU_SERVED}/`).\n"
+    )

@@ -129,9 +129,15 @@ def server_torch_threads() -> int:
     a worker process bound to the cores vLLM's own rule picks: the first NUMA node, one logical
     CPU per physical core on x86, and one core left to the engine core and the front end
     (`VLLM_CPU_OMP_THREADS_BIND` and `VLLM_CPU_NUM_OF_RESERVED_CPU` change it). The rule is
-    asked, not copied; where vLLM binds nothing, torch's own thread count."""
+    asked, not copied; where vLLM binds nothing, or the model runs on a GPU, torch's own
+    thread count."""
     from types import SimpleNamespace
 
+    import torch
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return torch.get_num_threads()
     from vllm.utils.ompmultiprocessing import OMPProcessManager
 
     one_rank = SimpleNamespace(
@@ -143,8 +149,6 @@ def server_torch_threads() -> int:
     cores = OMPProcessManager(one_rank).cpu_lists
     if cores:
         return len(cores[0])
-    import torch
-
     return torch.get_num_threads()
 
 

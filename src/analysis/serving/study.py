@@ -67,6 +67,8 @@ class StudyParams:
     kv_cache_memory_bytes: int | None = 512 * MIB
     gpu_memory_utilization: float | None = None
     enforce_eager: bool = True
+    # more `vllm serve` flags, the same for both servers
+    server_extra_args: tuple[str, ...] = ()
     # ShareGPT: closed-loop clients of notebook 10's real check of its prediction beyond the
     # clients measured (None: no check; 64 clients took 20 minutes on a 2-core AMD EPYC)
     check_clients: int | None = None
@@ -88,6 +90,7 @@ class StudyParams:
             kv_cache_memory_bytes=self.kv_pool_bytes(),
             gpu_memory_utilization=self.gpu_memory_utilization,
             enforce_eager=self.enforce_eager,
+            server_extra_args=self.server_extra_args,
         )
         return dataclasses.replace(base, **changes)
 
@@ -138,8 +141,13 @@ PROFILES: dict[str, dict[str, Any]] = {
         "eligible_shares": (0.25, 0.5, 0.75),
         "max_model_len": 4096,
         "kv_cache_memory_bytes": None,
-        "gpu_memory_utilization": 0.85,
-        "enforce_eager": False,
+        # the caching-on and caching-off servers run at once, on one GPU: each takes 40 %
+        "gpu_memory_utilization": 0.4,
+        # as the engine that measures the step-cost profile runs (eager, one schedule per
+        # step), so that replay's clock holds for the servers: vLLM's CUDA default overlaps
+        # the next schedule with the running step, which replay does not model
+        "enforce_eager": True,
+        "server_extra_args": ("--no-async-scheduling",),
         "thrash": True,
         "anti_pattern_requests": 16,
         "anti_pattern_repeats": 3,
