@@ -128,3 +128,22 @@ def test_served_runs_the_study_set_of_the_machine(tmp_path, monkeypatch, cuda, p
     root, chosen, chosen_device, overrides = seen["args"]
     assert (root, chosen, chosen_device) == (tmp_path / "served", profile, device)
     assert overrides == dict(prefixes=[0, 2048], concurrency=[1, 8], repeats=2, budget_s=None)
+
+
+def test_served_keeps_what_a_replay_elsewhere_needs_beside_its_tables(tmp_path, monkeypatch):
+    """`gpu-check --served` leaves one folder that replays anywhere: its tables, the profile
+    with the server's terms, and the server's runs (the layout `recorded_cells` reads)."""
+    from analysis.commands.gpu_check import keep_beside
+    from analysis.platform.paths import results_dir
+
+    monkeypatch.setenv("PREFIX_CACHE_LAB_ROOT", str(tmp_path / "repo"))
+    run = results_dir() / "serving" / "synthetic-cache-p0-c1-abc"
+    run.mkdir(parents=True)
+    (run / "requests.parquet").write_text("r")
+    calibration = tmp_path / "cal"
+    calibration.mkdir()
+    (calibration / "server-terms.json").write_text("{}")
+    root = tmp_path / "out" / "served"
+    keep_beside(root, calibration, ["synthetic-cache-p0-c1-abc"])
+    assert (root.parent / "calibration" / "server-terms.json").is_file()
+    assert (root.parent / "serving" / "synthetic-cache-p0-c1-abc" / "requests.parquet").is_file()

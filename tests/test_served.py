@@ -852,3 +852,47 @@ def test_the_open_loops_lag_behind_its_schedule_is_read_from_each_first_turn():
     assert "a median of 1.0 ms and at most 12.0 ms" in reading
     assert served.schedule_reading(requests.drop(columns="due_s")) == ""
     assert served.schedule_reading(requests.assign(due_s=np.nan)) == ""
+
+
+GPU_SERVED = "data/external/h200/2026-11-29"
+
+
+def test_a_recorded_gpu_comparison_replays_here_as_it_was_recorded():
+    """The H200 server's cells, replayed on this machine from what `gpu-check --served` kept:
+    the same predictions it wrote (replay is deterministic), every request's cached tokens the
+    server's; a changed prediction is caught."""
+    import json
+
+    from analysis.platform.paths import repo_root
+
+    folder = repo_root() / GPU_SERVED
+    settings = json.loads((folder / "served" / "manifest.json").read_text())["engine_settings"]
+    profile, terms = served.read_validated(folder / "calibration")
+    again = served.compare_recorded(replayable.recorded_cells(folder), settings, profile, terms)
+    again.checks.assert_all()
+    recorded = pd.read_csv(folder / "served" / "errors.csv")
+    served.same_errors(again.table, recorded).assert_all()
+    moved = recorded.assign(predicted=recorded["predicted"] * (1 + 1e-6))
+    table = served.same_errors(again.table, moved).table()
+    assert table.loc[1, "measured"] == str(len(recorded)) and not table.loc[1, "holds"]
+    reading = served.frontend_reading(again.breakdown, again.tpot, terms)
+    top = again.breakdown["frontend_s"].max()
+    assert f"it took {top * 1e3:.0f} ms" in reading
+
+
+def test_recorded_runs_of_different_grids_are_refused(tmp_path):
+    """Cells measured under two benchmark configurations cannot be replayed as one grid."""
+    import json
+    import shutil
+
+    from analysis.platform.errors import WorkloadError
+    from analysis.platform.paths import repo_root
+
+    folder = tmp_path / "recorded"
+    shutil.copytree(repo_root() / GPU_SERVED, folder)
+    run = next(p for p in (folder / "serving").iterdir() if p.name.startswith("synthetic-"))
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["config"]["suffix_tokens"] += 1
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(WorkloadError, match="not measured as one grid"):
+        replayable.recorded_cells(folder)

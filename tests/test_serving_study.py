@@ -141,7 +141,7 @@ def test_the_study_pool_has_as_many_blocks_in_float32_as_in_bf16(monkeypatch, tm
 def test_the_gpu_sets_servers_share_one_gpu_and_run_as_the_profiled_engine():
     """Both servers run at once (a `ServerPair`), so their memory shares must fit one GPU; and
     they run as the engine that measures the step-cost profile (eager, one schedule per step),
-    which is what the served calibration replays them with. Read by vLLM's own parser."""
+    which is what the served calibration replays them with. The flags are vLLM's own names."""
     from vllm.engine.arg_utils import EngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
@@ -149,13 +149,14 @@ def test_the_gpu_sets_servers_share_one_gpu_and_run_as_the_profiled_engine():
 
     p = study.params("gpu")
     assert 2 * p.gpu_memory_utilization <= 1.0
-    parser = FlexibleArgumentParser()
-    EngineArgs.add_cli_args(parser)
     for mode in ("cache", "no_cache"):
         flags = p.bench().server_config("m", mode).flags()
-        parsed, _ = parser.parse_known_args(flags)
-        assert parsed.gpu_memory_utilization == p.gpu_memory_utilization
-        for name in ("enforce_eager", "async_scheduling"):
-            assert getattr(parsed, name) == SHARED_SETTINGS[name], (mode, name)
+        assert flags[flags.index("--gpu-memory-utilization") + 1] == str(p.gpu_memory_utilization)
+        assert ("--enforce-eager" in flags) is SHARED_SETTINGS["enforce_eager"]
+        assert ("--no-async-scheduling" in flags) is (SHARED_SETTINGS["async_scheduling"] is False)
+    parser = FlexibleArgumentParser()
+    EngineArgs.add_cli_args(parser)
+    parsed = parser.parse_args(["--enforce-eager", "--no-async-scheduling"])
+    assert (parsed.enforce_eager, parsed.async_scheduling) == (True, False)
     # the CPU sets pass no extra flag: their servers (and cached runs) are as they were
     assert study.params("cpu").bench().server_extra_args == ()

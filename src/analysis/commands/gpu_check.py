@@ -8,7 +8,8 @@ shape. Without CUDA: says so, runs the replay half, exits 0. Results: data/resul
 (the `cpu` set where no GPU is visible): the real caching-on and caching-off servers measure
 a grid of shared prefixes and clients, the engine's step costs are measured as the servers run
 it, and replay on that clock predicts every cell; the one-client cells fit the server's terms,
-every other cell is held out. Results: data/results/gpu-check/served/.
+every other cell is held out. Results: data/results/gpu-check/served/, with the profile
+and the server's runs beside it (calibration/, serving/): notebook 17 replays such a folder.
 """
 
 from __future__ import annotations
@@ -51,6 +52,21 @@ def main(args: argparse.Namespace) -> int:
         budget_s=args.budget_s,
     )
     return served_check(root, profile, "cuda" if profile == "gpu" else "cpu", overrides)
+
+
+def keep_beside(root: Path, calibration: Path, run_ids: list[str]) -> None:
+    """The profile, the server terms and the server's runs beside the tables (`calibration/`,
+    `serving/` next to `root`), so that the folder above replays anywhere
+    (`replayable.recorded_cells`, notebook 17's `gpu_served`)."""
+    import shutil
+
+    from analysis.serving.storage import serving_root
+
+    shutil.copytree(calibration, root.parent / "calibration", dirs_exist_ok=True)
+    for run_id in run_ids:
+        shutil.copytree(
+            serving_root() / run_id, root.parent / "serving" / run_id, dirs_exist_ok=True
+        )
 
 
 def served_check(root: Path, profile: str, device: str, overrides: dict) -> int:
@@ -105,5 +121,6 @@ def served_check(root: Path, profile: str, device: str, overrides: dict) -> int:
             "plan": chosen.describe("synthetic grid"),
         },
     )
-    print(f"results: {root}")
+    keep_beside(root, calibration, table["run_id"].tolist())
+    print(f"results: {root.parent} (served/, calibration/, serving/)")
     return 0 if against.checks.table()["holds"].all() else 1

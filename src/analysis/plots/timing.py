@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 
 def ttft_scatter_figure(per_request: pd.DataFrame, where: str) -> Figure:
@@ -86,7 +86,9 @@ def timeline_figure(sides: dict[str, pd.DataFrame], seconds: float, title: str) 
     return fig
 
 
-def served_cells_figure(table: pd.DataFrame, repeats: pd.DataFrame) -> Figure:
+def served_cells_figure(
+    table: pd.DataFrame, repeats: pd.DataFrame, clock: str = "this machine's clock"
+) -> Figure:
     """Predicted against measured, one point per cell, for median TTFT and mean TPOT: the
     measured point is the median of the repeats, its bar their range; filled: held out."""
     panels = {"p50_ttft": "median TTFT (s)", "mean_tpot": "mean TPOT (s per token)"}
@@ -120,6 +122,11 @@ def served_cells_figure(table: pd.DataFrame, repeats: pd.DataFrame) -> Figure:
         ax.fill_between(line, line * 0.9, line * 1.1, color="0.9", zorder=0)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        for axis in (ax.xaxis, ax.yaxis):
+            # plain numbers at 1, 2 and 5 of each decade: log-scale minor labels collide
+            axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+            axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            axis.set_minor_formatter(NullFormatter())
         ax.set_xlabel(f"measured {label}, real server\n(median of repeats; bar: their range)")
         ax.set_ylabel(f"predicted {label}\nreplay on the clock")
     handles = [
@@ -129,9 +136,7 @@ def served_cells_figure(table: pd.DataFrame, repeats: pd.DataFrame) -> Figure:
         plt.Line2D([], [], marker="o", ls="", color="0.5", label="held out"),
     ]
     axes[-1].legend(handles=handles, fontsize=8, loc="upper left")
-    fig.suptitle(
-        "Replay on this machine's clock against the real server (dotted: equal; band: ±10 %)"
-    )
+    fig.suptitle(f"Replay on {clock} against the real server (dotted: equal; band: ±10 %)")
     fig.tight_layout()
     return fig
 
@@ -210,3 +215,26 @@ def _regime_order(regime: str) -> tuple[bool, int, str]:
 
 def _regime_words(regime: str) -> str:
     return f"{regime} tokens" if str(regime).isdigit() else "ShareGPT conversations"
+
+
+def frontend_figure(breakdown: pd.DataFrame, per_request_s: float, where: str) -> Figure:
+    """The server's front end per request against clients, one line per mode and prefix,
+    beside the constant replay adds (measured at one client)."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for (mode, prefix), rows in breakdown.groupby(["mode", "prefix_regime"]):
+        rows = rows.sort_values("concurrency")
+        ax.plot(
+            rows["concurrency"],
+            rows["frontend_s"] * 1e3,
+            "s-" if mode == "cache" else "o--",
+            label=f"caching {'on' if mode == 'cache' else 'off'}, prefix {prefix}",
+        )
+    ax.axhline(per_request_s * 1e3, color="k", ls=":", label="replay's per-request term")
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xlabel("closed-loop clients")
+    ax.set_ylabel("front end per request (ms)\nclient TTFT less engine queue and prefill")
+    ax.set_title(f"The server's front end under load ({where})")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -729,7 +729,8 @@ def gpu_served(root: Path) -> str:
         f"spread; median absolute error per statistic {statistics}; the largest, "
         f"{SERVED_STATISTICS[worst['statistic']]} with {_clients(int(worst['concurrency']))}, "
         f"prefix {worst['prefix_regime']}, caching {'on' if worst['mode'] == 'cache' else 'off'}: "
-        f"{worst['error']:+.0%}, where the server's front end (HTTP, hand-over, first chunk) "
-        f"took {frontend * 1e3:.0f} ms per request against the {terms['frontend_s'] * 1e3:.0f} "
-        f"ms replay adds, measured at one client (`{GPU_SERVED}/`).\n"
+        f"{worst['error']:+.0%}, where the time outside the engine core's queue and prefill "
+        f"(the server's front end, and the wait for the step under way) was "
+        f"{frontend * 1e3:.0f} ms per request against the {terms['frontend_s'] * 1e3:.0f} ms "
+        f"replay adds, measured at one client (`{GPU_SERVED}/`; notebook 17 shows each cell).\n"
     )

@@ -13,6 +13,7 @@ import math
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -60,7 +61,9 @@ def engine_settings(config: ServingBenchConfig) -> dict[str, Any]:
     return settings
 
 
-def cell_requests(config: ServingBenchConfig, table: pd.DataFrame) -> pd.DataFrame:
+def cell_requests(
+    config: ServingBenchConfig, table: pd.DataFrame, root: Path | None = None
+) -> pd.DataFrame:
     """Every request of every repeat of the cells in `table` (the summary table of
     `run_serving_bench`): its prompt ids and reply length as sent, and what the client measured
     (`start_s`, `ttft_s`, `e2e_s`, `tpot_s`, `status`, `warmup`). ShareGPT cells also name
@@ -71,7 +74,7 @@ def cell_requests(config: ServingBenchConfig, table: pd.DataFrame) -> pd.DataFra
         sent = pd.DataFrame(
             _sent(config, RunKey(cell.mode, str(cell.prefix_regime), int(cell.concurrency)))
         )
-        measured = load_requests([cell.run_id])
+        measured = load_requests([cell.run_id], root)
         rows = measured.merge(sent, on="request_id", how="left", validate="many_to_one")
         if rows["prompt_ids"].isna().any():
             raise WorkloadError(
@@ -80,6 +83,28 @@ def cell_requests(config: ServingBenchConfig, table: pd.DataFrame) -> pd.DataFra
             )
         frames.append(rows.assign(**_cell(cell), **_arrival_columns(config, rows)))
     return pd.concat(frames, ignore_index=True)
+
+
+def recorded_cells(folder: Path) -> pd.DataFrame:
+    """The cells a served comparison kept (`gpu-check --served` on another machine, say):
+    its summary table `served/cells.csv` and the runs under `serving/`, each request as sent
+    beside what the client measured, as `cell_requests` gives them. The benchmark's
+    configuration is the one every run's manifest records (one, or a one-line error)."""
+    import json
+
+    folder = Path(folder)
+    table = pd.read_csv(folder / "served" / "cells.csv", dtype={"prefix_regime": str})
+    configs = {
+        json.dumps(json.loads((folder / "serving" / run / "manifest.json").read_text())["config"])
+        for run in table["run_id"]
+    }
+    if len(configs) != 1:
+        raise WorkloadError(f"the runs under {folder / 'serving'} were not measured as one grid")
+    fields = {
+        name: tuple(value) if isinstance(value, list) else value
+        for name, value in json.loads(configs.pop()).items()
+    }
+    return cell_requests(ServingBenchConfig(**fields), table, folder / "serving")
 
 
 def _arrival_columns(config: ServingBenchConfig, rows: pd.DataFrame) -> dict[str, Any]:

@@ -329,6 +329,28 @@ def ttft_breakdown(
     return table
 
 
+def frontend_reading(breakdown: pd.DataFrame, tpot: pd.DataFrame, terms: ServerTerms) -> str:
+    """How the server's front end grew with clients, from `ttft_breakdown` and
+    `tpot_breakdown` (every number from them): replay adds the one-client time to every
+    request, whatever the clients."""
+    top = breakdown.loc[breakdown["frontend_s"].idxmax()]
+    ones = breakdown[breakdown["concurrency"] == FITTED_CLIENTS]["frontend_s"]
+    key = tuple(top[CELL_KEYS])
+    step = tpot.set_index(CELL_KEYS).loc[key, "engine_tpot_s"]
+    return (
+        f"By the server's own clocks, the time outside the engine core's queue and prefill "
+        f"(HTTP, the hand-over to the engine core, the first chunk; above one client also the "
+        f"wait for the step under way, which replay counts) took "
+        f"{ones.min() * 1e3:.1f}-{ones.max() * 1e3:.1f} ms per request at one client, where "
+        f"replay adds {terms.frontend_s * 1e3:.1f} ms to every request. At "
+        f"{_cell_words(top['prefix_regime'], int(top['concurrency']))}, caching "
+        f"{'on' if top['mode'] == 'cache' else 'off'}, it took {top['frontend_s'] * 1e3:.0f} ms: "
+        f"{top['frontend_s'] / step:.1f} times that cell's engine time per output token (one "
+        "step), more than the wait for one step under way. The front end queues when many "
+        "clients stream at once, and replay's clock has no term for that queue yet."
+    )
+
+
 def engine_reading(breakdown: pd.DataFrame) -> str:
     """Where the one-client cells' TTFT error lies, from `ttft_breakdown` (every number from
     it): the engine's clock against the engine core's own, per cell."""
@@ -675,7 +697,7 @@ def checks(
 def reading(
     table: pd.DataFrame,
     terms: ServerTerms,
-    torch_threads: int,
+    torch_threads: int | None,
     fitted_on: str = "the one-client cells",
 ) -> str:
     """The comparison in words, every number from the table: how many held-out statistics
@@ -687,7 +709,9 @@ def reading(
     lines = [
         f"The server's terms, from {fitted_on}: {terms.frontend_s * 1e3:.1f} ms per request "
         f"({terms.frontend_source}) and {terms.step_s * 1e3:.1f} ms per step (fitted), on an "
-        f"engine profile measured with {torch_threads} torch thread(s), as the server runs. "
+        "engine profile measured "
+        + (f"with {torch_threads} torch thread(s), " if torch_threads is not None else "")
+        + "as the server runs. "
         f"Of {len(held)} held-out "
         f"statistics ({held[CELL_KEYS].drop_duplicates().shape[0]} cells x "
         f"{len(STATISTICS)}), {goal} {'is' if goal == 1 else 'are'} within the goal and "
@@ -752,6 +776,35 @@ def compare_with_server(
     fitted_on = cells.loc[cells["concurrency"] == FITTED_CLIENTS, "run_id"].unique().tolist()
     write_terms(calibration, terms, fitted_on)
     return _compared(cells, predicted, profile, terms, FITTED_CLIENTS)
+
+
+def compare_recorded(
+    cells: pd.DataFrame,
+    settings: dict[str, Any],
+    profile: StepCostProfile,
+    terms: ServerTerms,
+) -> ServedComparison:
+    """A comparison another machine made, replayed again here on the profile and server terms
+    it kept: replay is deterministic, so its errors are the ones that machine printed."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        predicted = replay_cells(cells, settings, profile, terms, Path(scratch))
+    return _compared(cells, predicted, profile, terms, FITTED_CLIENTS)
+
+
+def same_errors(again: pd.DataFrame, recorded: pd.DataFrame) -> Checks:
+    """Replayed here against what the measuring machine wrote: the same cells and
+    statistics, the same predictions (float rounding aside)."""
+    keys = [*CELL_KEYS, "statistic"]
+    pairs = again.merge(
+        recorded.astype({"prefix_regime": str}), on=keys, suffixes=("", "_recorded")
+    )
+    differ = ~np.isclose(pairs["predicted"], pairs["predicted_recorded"], rtol=1e-9, atol=0)
+    result = Checks()
+    result.add("cells and statistics compared with the recorded ones", len(recorded), len(pairs))
+    result.add("predictions that differ from the recorded ones", 0, int(differ.sum()))
+    return result
 
 
 def _compared(
