@@ -150,7 +150,7 @@ def test_the_gpu_sets_servers_share_one_gpu_and_run_as_the_profiled_engine():
     p = study.params("gpu")
     assert 2 * p.gpu_memory_utilization <= 1.0
     for mode in ("cache", "no_cache"):
-        flags = p.bench().server_config("m", mode).flags()
+        flags = p.bench().server_config(p.model, mode).flags()
         assert flags[flags.index("--gpu-memory-utilization") + 1] == str(p.gpu_memory_utilization)
         assert ("--enforce-eager" in flags) is SHARED_SETTINGS["enforce_eager"]
         assert ("--no-async-scheduling" in flags) is (SHARED_SETTINGS["async_scheduling"] is False)
