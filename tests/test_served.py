@@ -3,6 +3,7 @@ replays as, and the server's terms recovered from a server whose times are known
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -896,3 +897,25 @@ def test_recorded_runs_of_different_grids_are_refused(tmp_path):
     (run / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(WorkloadError, match="not measured as one grid"):
         replayable.recorded_cells(folder)
+
+
+@pytest.mark.parametrize(("cuda", "device"), [(False, "cpu"), (True, "cuda")])
+def test_the_servers_engine_is_calibrated_where_this_machines_vllm_runs(monkeypatch, cuda, device):
+    """Notebook 08 names no device: on a GPU machine its servers ran on the GPU, and the
+    profile that times them must be measured there too (not on the CPU build's default)."""
+    from analysis.platform import hardware
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def calibrate(settings, folder, threads, say, chosen):
+        seen["device"] = chosen
+        raise Stop
+
+    monkeypatch.setattr(hardware, "machine", lambda: SimpleNamespace(cuda=cuda))
+    monkeypatch.setattr(served, "calibrate_like_server", calibrate)
+    with pytest.raises(Stop):
+        served.compare_with_server(pd.DataFrame(), SETTINGS, Path("unused"), 1)
+    assert seen["device"] == device

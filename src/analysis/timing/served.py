@@ -763,12 +763,17 @@ def compare_with_server(
     calibration: Path,
     torch_threads: int,
     say: Any = print,
-    device: str = "cpu",
+    device: str | None = None,
 ) -> ServedComparison:
     """Calibrate the engine as the server runs it, fit the server's terms on the one-client
-    cells, replay every cell and set it beside the server's measurements."""
+    cells, replay every cell and set it beside the server's measurements. The engine is
+    calibrated on `device`, by default where this machine's vLLM runs its model (the GPU where
+    one is visible: the servers ran there)."""
     import tempfile
 
+    from analysis.platform.hardware import machine
+
+    device = device or ("cuda" if machine().cuda else "cpu")
     profile = calibrate_like_server(settings, calibration, torch_threads, say, device)
     with tempfile.TemporaryDirectory() as scratch:
         terms = fit_terms(cells, settings, profile, Path(scratch))
