@@ -858,6 +858,7 @@ def test_the_open_loops_lag_behind_its_schedule_is_read_from_each_first_turn():
 GPU_SERVED = "data/external/h200/2026-11-29"
 
 
+@pytest.mark.engine
 def test_a_recorded_gpu_comparison_replays_here_as_it_was_recorded():
     """The H200 server's cells, replayed on this machine from what `gpu-check --served` kept:
     the same predictions it wrote (replay is deterministic), every request's cached tokens the
