@@ -90,6 +90,7 @@ def served_check(root: Path, profile: str, device: str, overrides: dict) -> int:
     calibration = served.calibration_folder(settings, threads)
     against = served.compare_with_server(cells, settings, calibration, threads, study.say, device)
     root.mkdir(parents=True, exist_ok=True)
+    checks = against.checks.table()
     tables = {
         "cells": table,
         "terms": against.terms.table(),
@@ -97,7 +98,7 @@ def served_check(root: Path, profile: str, device: str, overrides: dict) -> int:
         "per_repeat": against.repeats,
         "ttft_breakdown": against.breakdown,
         "tpot_breakdown": against.tpot,
-        "checks": against.checks.table(),
+        "checks": checks,
     }
     with pd.option_context("display.width", 250, "display.max_columns", 40):
         for name, frame in tables.items():
@@ -108,7 +109,7 @@ def served_check(root: Path, profile: str, device: str, overrides: dict) -> int:
             values="error",
         )
         print(errors.round(3).to_string())
-        print(against.checks.table().to_string(index=False))
+        print(checks.to_string(index=False))
     write_json(
         root / "manifest.json",
         {
@@ -123,4 +124,4 @@ def served_check(root: Path, profile: str, device: str, overrides: dict) -> int:
     )
     keep_beside(root, calibration, table["run_id"].tolist())
     print(f"results: {root.parent} (served/, calibration/, serving/)")
-    return 0 if against.checks.table()["holds"].all() else 1
+    return 0 if checks["holds"].all() else 1
