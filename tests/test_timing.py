@@ -29,6 +29,7 @@ from analysis.timing.fit import (
     fittable_steps,
     left_out_errors,
     predict_steps,
+    residuals,
     without_outliers,
 )
 from analysis.timing.fit import METHODS as FIT_METHODS
@@ -455,11 +456,54 @@ def test_a_decode_batch_term_holds_what_a_linear_profile_cannot():
     assert (
         batched.fit["fitted"]["median_abs_rel_error"] < linear.fit["fitted"]["median_abs_rel_error"]
     )
-    # what calibrate fits: the batch terms on a CPU, seconds alone on a GPU
+    # what calibrate fits: the batch terms on a CPU (on relative error), seconds alone on a GPU
     assert (calibration_method("cpu"), calibration_method("cuda")) == (
-        "seconds-batch-robust-chosen",
+        "relative-batch-robust-chosen",
         "seconds",
     )
+
+
+def weights_floor_steps(rng: np.random.Generator) -> pd.DataFrame:
+    """Steps as a 2-core CPU in float32 ran them: every step reads the model's weights (20 ms),
+    a decoded request adds 1 ms, a prefilled token 1 ms; prefills of a few hundred tokens and
+    more also grow with their attention, faster than linearly, so no linear profile fits short
+    and long prefills alike. Many decodes, a few short prefills, a ladder of long ones."""
+    decodes = pd.DataFrame({"sequences": rng.integers(1, 7, 300), "prefill_requests": 0})
+    decodes["tokens"] = decodes["sequences"]
+    short = rng.integers(24, 64, 30)
+    ladder = np.geomspace(32, 1536, 14).astype(int)
+    prefills = pd.DataFrame({"tokens": np.concatenate([short, ladder]), "sequences": 1})
+    prefills["prefill_requests"] = 1
+    steps = pd.concat([decodes, prefills], ignore_index=True)
+    steps["sampled"] = steps["sequences"]
+    prefilled = np.where(steps["prefill_requests"] > 0, steps["tokens"], 0)
+    steps["wall_s"] = 0.02 + 0.001 * steps["tokens"] + 3e-7 * prefilled**2
+    steps["wall_s"] *= rng.normal(1.0, 0.01, len(steps))
+    return steps.assign(admitted=0, admit_s=0.0, gap_s=1e-4)
+
+
+def test_on_relative_error_short_prefills_are_charged_as_closely_as_long_ones():
+    steps = weights_floor_steps(np.random.default_rng(4))
+    terms = ["fixed", "token", "sampled"]
+    on_seconds = fit_profile(steps, {}, terms=terms, method="seconds-batch")
+    on_relative = fit_profile(steps, {}, terms=terms, method="relative-batch")
+    short = steps[(steps["prefill_requests"] > 0) & (steps["tokens"] < 64)]
+    # the long ladder steps set a seconds fit's terms: no fixed cost, and the short prefills
+    # charged too little; on relative error the weights' 20 ms is found again
+    assert "fixed" not in on_seconds.coefficients
+    assert residuals(on_seconds, short).median() < -0.05
+    assert residuals(on_relative, short).abs().median() < 0.025
+    assert on_relative.coefficients["fixed"] > 0.01
+    assert (
+        on_relative.fit["fitted"]["median_abs_rel_error"]
+        <= on_seconds.fit["fitted"]["median_abs_rel_error"]
+    )
+    # each decode batch still has its term, and the robust and chosen fits name their way
+    assert sorted(on_relative.decode_batch_s) == list(range(1, 7))
+    for method in ("relative-batch-robust", "relative-batch-robust-chosen"):
+        assert (
+            fit_profile(steps, {}, terms=terms, method=method).fit["method"] == FIT_METHODS[method]
+        )
 
 
 def workload_steps(rng: np.random.Generator, per_request_s: float) -> pd.DataFrame:
@@ -635,14 +679,18 @@ def test_calibrate_on_the_real_cpu_engine(tmp_path, monkeypatch):
     result = calibrate("cpu", repeats=2, say=lambda line: None)
     profile = result.profile
     assert profile.coefficients and all(value > 0 for value in profile.coefficients.values())
-    # the exact non-negative fit on seconds never charges less than the total of the steps it
-    # fitted: the calibration's whole total when the robust fit left none out
-    left_out = profile.fit["steps_left_out"]
+    # the same steps fitted on seconds: the exact non-negative fit never charges less than the
+    # total of the steps it fitted (the calibration's whole total when the robust fit left none
+    # out); on relative error, what calibrate fits on a CPU, each step is charged closer
+    on_seconds = fit_profile(result.steps, {}, method="seconds-batch-robust-chosen")
+    left_out = on_seconds.fit["steps_left_out"]
     bound = -1e-4 if left_out == 0 else -0.1
-    assert profile.fit["fitted"]["summed_time_rel_error"] >= bound, profile.fit
+    assert on_seconds.fit["fitted"]["summed_time_rel_error"] >= bound, on_seconds.fit
+    relative_error = profile.fit["fitted"]["median_abs_rel_error"]
+    assert relative_error <= on_seconds.fit["fitted"]["median_abs_rel_error"], profile.fit
     # and a decode-only step is charged its batch size's mean on the engine measured, the fit
     # redone without the steps a busy moment slowed
-    assert profile.fit["method"] == FIT_METHODS["seconds-batch-robust-chosen"]
+    assert profile.fit["method"] == FIT_METHODS["relative-batch-robust-chosen"]
     scores = profile.fit["left_out_workload_error"]
     assert profile.fit["term_set"] == min(scores, key=scores.get) and len(scores) == 2
     assert profile.decode_batch_s, "the decode-batch workload decodes at several batch sizes"
@@ -1039,7 +1087,7 @@ def test_the_calibrate_command_hands_the_server_limits_on_and_writes_the_folder(
     assert asked["device"] == "cpu" and asked["block_size"] == 32 and not asked["validate"]
     assert asked["settings"] == {"max_num_batched_tokens": 2048, "max_num_seqs": 128}
     written = load_profile(out / "profile.json")
-    assert written.fit["method"] == FIT_METHODS["seconds-batch-robust-chosen"]
+    assert written.fit["method"] == FIT_METHODS[calibration_method("cpu")]
     assert written.fit["term_set"] == "none per entering request"
     assert json.loads((out / "manifest.json").read_text())["fit"] == written.fit
     assert capsys.readouterr().out.strip() == f"profile: {out / 'profile.json'}"
