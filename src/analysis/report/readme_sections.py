@@ -547,7 +547,7 @@ def _recorded_rows(root: Path, relative: str, what: str) -> list[dict[str, str]]
 REPORT_TIMES = "data/external/ci/2026-11-29-ba84d08/make-report.csv"
 # The same kind of run with torch and oneDNN told to dispatch as on an AVX2-only CPU
 # (`ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`), so that the models ran in float32.
-REPORT_TIMES_AVX2 = "data/external/ci/2026-11-29-49d6e48-avx2/make-report.csv"
+REPORT_TIMES_AVX2 = "data/external/ci/2026-11-29-413d510-avx2/make-report.csv"
 
 
 def report_times(root: Path) -> str:
