@@ -530,7 +530,7 @@ def _seed_004(root: Path) -> list[str]:
 TEST_TIMES = "data/external/ci/2026-11-29-ce8afea/make-test.csv"
 # The same kind of run with torch and oneDNN told to dispatch as on an AVX2-only CPU
 # (`ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2`), so that the models ran in float32.
-TEST_TIMES_AVX2 = "data/external/ci/2026-11-29-67a0d16-avx2/make-test.csv"
+TEST_TIMES_AVX2 = "data/external/ci/2026-11-29-e699efb-avx2/make-test.csv"
 
 
 def _recorded_rows(root: Path, relative: str, what: str) -> list[dict[str, str]]:
