@@ -239,9 +239,9 @@ def fit_with_decode_batches(
     measured = steps["wall_s"].to_numpy(dtype=np.float64)
     weights = 1.0 / measured if relative else np.ones_like(measured)
     mass = weights**2  # what each step's squared error counts for
+    groups = {int(size): batch == size for size in np.unique(batch[batch > 0])}
     centred, target = matrix.copy(), measured.copy()
-    for size in np.unique(batch[batch > 0]):
-        rows = batch == size
+    for rows in groups.values():
         share = mass[rows] / mass[rows].sum()
         centred[rows] -= share @ centred[rows]
         target[rows] -= share @ target[rows]
@@ -249,8 +249,7 @@ def fit_with_decode_batches(
     fitted = {t: float(c) for t, c in zip(kept, solution, strict=True) if c > 0}
     residual = measured - matrix @ solution
     batches = {
-        int(size): float(np.average(residual[batch == size], weights=mass[batch == size]))
-        for size in np.unique(batch[batch > 0])
+        size: float(np.average(residual[rows], weights=mass[rows])) for size, rows in groups.items()
     }
     return fitted, [t for t in terms if t not in fitted], batches
 
